@@ -158,3 +158,14 @@ def test_exercises_have_stub_check_and_folded_solution(path):
     assert sorted(ids) == chapter_ids, "every exercise of this chapter appears in its notebook"
     assert len(ids) >= 2, "at least two exercises per chapter"
     assert len(re.findall(r"\{exercise\}", "".join(c.source for c in cells))) == len(ids)
+
+
+def test_environment_yml_mirrors_the_pinned_requirements():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    deps = env["dependencies"]
+    assert "python=3.11" in deps
+    pip = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
+    assert "-r requirements/ci.txt" in pip and "-e ." in pip
+    pinned = (ROOT / "requirements" / "ci.txt").read_text()
+    for tool in ("jupyter-book==1.", "torch==", "papermill==", "nbval==", "ipywidgets==", "matplotlib=="):
+        assert tool in pinned, f"{tool} missing from requirements/ci.txt"

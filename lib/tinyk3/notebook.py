@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import random
 
 
@@ -41,7 +40,7 @@ def setup(seed: int = 0, threads: int | None = None, quiet: bool = False) -> Non
     if not quiet:
         from . import __version__
 
-        where = "Colab" if in_colab() else platform.node() and "local"
+        where = "Colab" if in_colab() else "local"
         print(f"tinyk3 {__version__} · torch {torch.__version__} · {threads} thread(s) · "
               f"seed {seed} · {where}")
 

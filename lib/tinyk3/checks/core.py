@@ -147,7 +147,8 @@ def _compare(expected: Any, got: Any, atol: float, rtol: float, equal_nan: bool 
         both_nan = torch.isnan(exp_d) & torch.isnan(got_d)
         same_inf = torch.isinf(exp_d) & (exp_d == got_d)
         if (exp_bad != got_bad).any() or not (both_nan | same_inf)[exp_bad].all():
-            where = tuple(torch.nonzero((exp_bad != got_bad) | (exp_bad & ~(both_nan | same_inf)))[0].tolist())
+            differs = (exp_bad != got_bad) | (exp_bad & ~(both_nan | same_inf))
+            where = tuple(torch.nonzero(differs)[0].tolist())
             return _Cmp(
                 False,
                 f"expected {exp_bad.sum().item()} non-finite entries (inf or NaN), yours has "
@@ -232,15 +233,24 @@ def _describe_inputs(case: Case, reference: Callable) -> str:
 
 
 def _learner_frame(exc: BaseException) -> str:
-    """The last traceback line that belongs to the learner (not to torch or tinyk3)."""
+    """The last traceback line that belongs to the learner (not to torch or tinyk3 itself)."""
+    import os
+
+    skip = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, _tinyk3_pkg()))
     frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames if "tinyk3" not in f.filename and "torch" not in f.filename]
+    mine = [f for f in frames if not os.path.abspath(f.filename).startswith(skip)]
     f = (mine or frames)[-1] if frames else None
     if f is None:
         return ""
     where = "your cell" if f.filename.startswith("<") or "ipykernel" in f.filename else f.filename
     code = (f.line or "").strip()
     return f" (in {where}, line {f.lineno}" + (f": `{code}`)" if code else ")")
+
+
+def _tinyk3_pkg():
+    import tinyk3
+
+    return tinyk3
 
 
 # -- running a check -------------------------------------------------------------------------

@@ -1,0 +1,520 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # GPT-2: the 2019 baseline
+#
+# Every model in this course is measured against one reference point: GPT-2 small, released by
+# OpenAI in 2019 with 124 million parameters. Kimi K3 (2026) has about 2.8 trillion. Before we
+# can say what changed, we need the baseline in our hands: a decoder-only transformer that we
+# build, count, check against the reference implementation and train on a laptop CPU.
+#
+# **In this chapter** you build causal self-attention from a token loop to one masked matrix
+# product, assemble GPT-2 from it, count its parameters exactly (124,439,808), prove it equals
+# the `transformers` implementation, and train a tiny byte-level GPT in about a minute.
+#
+# **Cost.** The full notebook runs in under two minutes on two CPU cores; the last cell prints
+# the time it took on your machine. Set `SMOKE = True` below for a run of a few seconds.
+
+# %% tags=["hide-input"]
+# Setup: in Colab, install the course package from the repository; elsewhere, use the
+# installed one (`make book` or `pip install -e .`). Then fix threads and seeds.
+import sys
+
+REPO_URL = "https://github.com/tinyk3-course/gpt2-to-kimi-k3"
+if "google.colab" in sys.modules:
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}"], check=True)
+
+import time
+
+import tinyk3
+
+tinyk3.setup(seed=0)
+NOTEBOOK_START = time.perf_counter()
+
+# %% tags=["parameters"]
+SMOKE = False  # True: tiny sizes, for CI and the impatient
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+
+from tinyk3 import checks, data
+from tinyk3.attention import causal_attention, causal_attention_loop, causal_attention_sdpa
+from tinyk3.generate import generate
+from tinyk3.gpt2 import GPT, GPTConfig, attention_maps, count_parameters
+from tinyk3.train import train_lm
+
+TRAIN_STEPS = 20 if SMOKE else 700  # about a minute on one CPU core at full size
+
+# %% [markdown]
+# ## The idea: predict the next token, looking only backwards
+#
+# GPT-2 reads a sequence of token ids $x_1, \dots, x_T$ and outputs, at every position $t$, a
+# distribution over the next token $x_{t+1}$. The whole model is a stack of identical blocks
+# between an embedding at the bottom and a linear read-out at the top:
+#
+# 1. **Embed.** Each token id becomes a learned vector of width $C$, and a second learned vector
+#    for its *position* $t$ is added: $h^{(0)}_t = W_{\text{te}}[x_t] + W_{\text{pe}}[t]$.
+# 2. **Mix and transform, $L$ times.** Each block lets every position gather information from
+#    earlier positions (attention), then transforms each position on its own (an MLP).
+# 3. **Read out.** A final LayerNorm, then a product with the token-embedding matrix again
+#    (the head is *tied* to the embedding) gives logits over the vocabulary.
+#
+# The one rule that makes this a language model: position $t$ may only look at positions
+# $\le t$. Training then teaches every position to predict its successor at once, in parallel.
+
+# %% [markdown]
+# ## The math: causal self-attention
+#
+# Per head, with queries, keys and values $Q, K, V \in \mathbb{R}^{T \times D}$ (rows are
+# positions, $D = C/H$ the head size):
+#
+# $$
+# \operatorname{Attn}(Q, K, V) = \operatorname{softmax}\!\left(\frac{Q K^\top}{\sqrt{D}} + M\right) V,
+# \qquad
+# M_{ij} = \begin{cases} 0 & j \le i \\ -\infty & j > i \end{cases}
+# $$
+#
+# The mask $M$ sends the scores of future keys to $-\infty$, so their softmax weight is exactly
+# zero. Written per query, row $i$ is a weighted average of the values of positions $0..i$:
+#
+# $$
+# o_i = \sum_{j \le i} \frac{\exp(q_i \cdot k_j / \sqrt{D})}{\sum_{j' \le i} \exp(q_i \cdot k_{j'} / \sqrt{D})}\, v_j .
+# $$
+#
+# The $1/\sqrt{D}$ keeps the scores' spread independent of $D$: for random unit-variance $q, k$,
+# $q \cdot k$ has variance $D$. In code every tensor is laid out `[B, H, T, D]`
+# (batch, heads, time, head size), as everywhere in this course.
+
+# %% [markdown]
+# ## Build it in small steps
+#
+# **Step 1: the token loop.** The second formula, literally: for each query, a softmax over the
+# keys it may see. This is slow, and obviously right, which makes it the reference.
+
+# %%
+def attention_by_loop(q, k, v):
+    T, D = q.shape[-2], q.shape[-1]
+    outs = []
+    for i in range(T):
+        scores = q[..., i : i + 1, :] @ k[..., : i + 1, :].transpose(-1, -2) / math.sqrt(D)  # [B, H, 1, i+1]
+        outs.append(scores.softmax(dim=-1) @ v[..., : i + 1, :])  # [B, H, 1, D]
+    return torch.cat(outs, dim=-2)  # [B, H, T, D]
+
+
+# %% [markdown]
+# **Step 2: one masked matrix product.** The first formula: all scores at once, future
+# entries set to $-\infty$ by an upper-triangular mask.
+
+# %%
+def attention_by_mask(q, k, v):
+    T, D = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)  # [B, H, T, T]
+    future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)  # True above the diagonal
+    return scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v  # [B, H, T, D]
+
+
+# %% [markdown]
+# **Check.** Our two versions, and the three forms in `tinyk3.attention` (the loop, the masked
+# product and PyTorch's fused `scaled_dot_product_attention`), must agree: to round-off in
+# float64, and to float32 precision (about $10^{-7}$ relative) in float32.
+
+# %%
+def max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+for dtype in (torch.float64, torch.float32):
+    q, k, v = (torch.randn(2, 3, 50, 16, dtype=dtype) for _ in range(3))
+    ref = attention_by_loop(q, k, v)
+    print(f"{str(dtype):14s} | ours, mask {max_diff(attention_by_mask(q, k, v), ref):.1e}"
+          f" | lib loop {max_diff(causal_attention_loop(q, k, v), ref):.1e}"
+          f" | lib mask {max_diff(causal_attention(q, k, v), ref):.1e}"
+          f" | lib SDPA {max_diff(causal_attention_sdpa(q, k, v), ref):.1e}")
+
+# %% [markdown]
+# The attention weights of one head on a tiny input show the mask at work: every row sums to
+# one, and everything above the diagonal is exactly zero.
+
+# %%
+q, k = torch.randn(1, 1, 5, 4), torch.randn(1, 1, 5, 4)
+weights = (q @ k.transpose(-1, -2) / 2).masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+print(weights[0, 0].numpy().round(3))
+print("row sums:", weights[0, 0].sum(-1).numpy().round(6))
+
+# %% [markdown]
+# **Step 3: the model.** `tinyk3.gpt2` assembles the rest around `causal_attention_sdpa`: the
+# embeddings, twelve pre-LN blocks, the final LayerNorm and the tied head. A block is two
+# residual updates, each reading a LayerNorm of the stream (this "pre-LN" placement is
+# GPT-2's change from the original transformer, and what lets deep stacks train stably):
+
+# %%
+from tinyk3.gpt2 import Block
+
+tinyk3.notebook.show_source(Block.forward)
+
+# %% [markdown]
+# And the model's forward pass, with the shapes in the comments:
+
+# %%
+tinyk3.notebook.show_source(GPT.forward)
+
+# %% [markdown]
+# ## Check 1: exactly 124,439,808 parameters
+#
+# Count by hand, with $V$ = 50,257 tokens, $P$ = 1,024 positions, $L$ = 12 blocks, $C$ = 768:
+#
+# | part | parameters |
+# |---|---|
+# | token embedding (also the output head) | $VC$ |
+# | position embedding | $PC$ |
+# | attention, per block: $W_{qkv}$ and bias, output projection and bias | $3C^2 + 3C + C^2 + C$ |
+# | MLP, per block: $C \to 4C \to C$ with biases | $8C^2 + 5C$ |
+# | LayerNorms: two per block and a final one, weight and bias each | $(4L + 2)C$ |
+#
+# Build the model on PyTorch's `meta` device (shapes only, no memory) and compare each part
+# with its formula:
+
+# %%
+config = GPTConfig()  # GPT-2 small
+with torch.device("meta"):
+    gpt2_small = GPT(config)
+
+V, P, L, C = config.vocab_size, config.block_size, config.n_layer, config.n_embd
+parts = {"token embedding / head": "wte", "position embedding": "wpe",
+         "attention": ".attn.", "MLP": ".mlp.", "LayerNorms": "ln_"}
+formula = {"token embedding / head": V * C, "position embedding": P * C,
+           "attention": L * (4 * C * C + 4 * C), "MLP": L * (8 * C * C + 5 * C),
+           "LayerNorms": (4 * L + 2) * C}
+total = gpt2_small.num_parameters()
+print(f"{'part':24s} {'measured':>12s} {'formula':>12s} {'share':>7s}")
+for part, key in parts.items():
+    n = sum(p.numel() for name, p in gpt2_small.named_parameters() if key in name)
+    print(f"{part:24s} {n:12,d} {formula[part]:12,d} {n / total:7.1%}")
+print(f"{'total':24s} {total:12,d} {count_parameters(config):12,d}")
+
+# %% [markdown]
+# `named_parameters()` lists the tied matrix once, so the head costs nothing extra. An untied
+# head would add another $VC$ = 38.6 M. The MLPs hold twice the attention's weights, and at
+# this small size almost a third of the model is the embedding table. nanoGPT pads the
+# vocabulary to 50,304 (a multiple of 64, for faster matmuls), which changes the count:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"GPT-2 small:              {count_parameters(GPTConfig()):,}")
+print(f"with vocab padded to 50,304: {count_parameters(GPTConfig(vocab_size=50304)):,}")
+print(f"an untied head would add: {GPTConfig().vocab_size * GPTConfig().n_embd:,}")
+
+# %% [markdown]
+# ## Check 2: the same logits as `transformers`
+#
+# `GPT.from_hf` loads a Hugging Face GPT-2 (a model or its state dict). Their four projection
+# weights are stored transposed (`Conv1D`, `[in, out]`), which the loader undoes. A randomly
+# initialised `GPT2LMHeadModel` at a tiny size builds offline, so the comparison needs no
+# download. (`transformers` is not a dependency of the course package; the cell says so if it
+# is missing. CI always runs this comparison in `tests/test_gpt2.py`.)
+
+# %%
+try:
+    from transformers import GPT2Config, GPT2LMHeadModel
+except ImportError:
+    print("transformers is not installed: skipping (pip install transformers to run it)")
+else:
+    torch.manual_seed(0)
+    hf_config = GPT2Config(vocab_size=300, n_positions=64, n_embd=48, n_layer=2, n_head=3,
+                           bos_token_id=0, eos_token_id=0)
+    hf_model = GPT2LMHeadModel(hf_config).eval()
+    ours = GPT.from_hf(hf_model).eval()
+    idx = torch.randint(0, 300, (2, 40))
+    with torch.no_grad():
+        err = max_diff(hf_model(idx).logits, ours(idx))
+    print(f"max |logits(transformers) - logits(tinyk3)| = {err:.1e}  (float32)")
+
+# %% [markdown]
+# ## Check 3: causality, bit for bit
+#
+# Change the token at position $t+1$: the outputs at positions $0..t$ must not move at all,
+# not even in the last bit, because nothing there may depend on the future.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+torch.manual_seed(0)
+tiny = GPT(GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64)).eval()
+idx = torch.randint(0, 256, (1, 32))
+changed = idx.clone()
+t = 20
+changed[0, t + 1] = (idx[0, t + 1] + 1) % 256
+with torch.no_grad():
+    a, b = tiny(idx), tiny(changed)
+print(f"positions 0..{t} bit-identical: {torch.equal(a[:, : t + 1], b[:, : t + 1])}")
+print(f"position {t + 1} changed: {not torch.equal(a[:, t + 1], b[:, t + 1])}")
+
+# %% [markdown]
+# ### The real GPT-2 (Colab only)
+#
+# With a network connection the loader takes OpenAI's released weights. This cell runs in
+# Colab (or anywhere with `TINYK3_DOWNLOAD=1` set); it downloads about 500 MB, so CI and the
+# offline build skip it.
+
+# %%
+import os
+
+if tinyk3.notebook.in_colab() or os.environ.get("TINYK3_DOWNLOAD") == "1":
+    from transformers import GPT2LMHeadModel, GPT2TokenizerFast
+
+    tokenizer = GPT2TokenizerFast.from_pretrained("gpt2")
+    real = GPT.from_hf(GPT2LMHeadModel.from_pretrained("gpt2")).eval()
+    prompt = tokenizer("The key idea of attention is", return_tensors="pt").input_ids
+    out = generate(real, prompt, 40, temperature=0.8, top_k=40,
+                   generator=torch.Generator().manual_seed(0))
+    print(tokenizer.decode(out[0]))
+else:
+    print("Skipped: loading the real 124M weights downloads ~500 MB from the Hugging Face hub. "
+          "Open this chapter in Colab (or set TINYK3_DOWNLOAD=1) to run it.")
+
+# %% [markdown]
+# ## Experiment: train a tiny GPT on a laptop
+#
+# The same code at a toy size: bytes as tokens (vocabulary 256), 3 blocks, 4 heads, width 96,
+# a 64-byte context. The text is the documentation that ships inside every Python
+# (`pydoc_data`, about 465 KB), so nothing is downloaded. Before training, two baselines to
+# beat, in nats per byte: guessing uniformly ($\ln 256$), and the best model that ignores
+# context entirely (the entropy of the byte frequencies).
+
+# %%
+corpus = data.encode(data.load_corpus())
+train_data, val_data = data.split(corpus, val_fraction=0.1)
+freq = torch.bincount(train_data, minlength=256).double() / len(train_data)
+unigram_entropy = -(freq[freq > 0] * freq[freq > 0].log()).sum().item()
+print(f"corpus: {len(corpus):,} bytes ({len(train_data):,} train, {len(val_data):,} validation)")
+print(f"uniform guess: {math.log(256):.3f} nats/byte; byte frequencies alone: {unigram_entropy:.3f}")
+
+# %% [markdown]
+# Training: AdamW, batches of 32 windows of 64 bytes, a short warm-up then cosine decay
+# (`tinyk3.train.train_lm`). At full size this cell takes about a minute on one core.
+
+# %%
+torch.manual_seed(0)
+tiny_config = GPTConfig(vocab_size=256, block_size=64, n_layer=3, n_head=4, n_embd=96)
+model = GPT(tiny_config)
+print(f"{model.num_parameters():,} parameters")
+result = train_lm(model, train_data, val_data, steps=TRAIN_STEPS, batch_size=32,
+                  lr=3e-3, eval_every=max(1, TRAIN_STEPS // 14))
+print(f"{TRAIN_STEPS} steps, {result.tokens_seen:,} tokens in {result.seconds:.0f} s "
+      f"({result.tokens_seen / result.seconds:,.0f} tokens/s); "
+      f"final validation loss {result.val_loss[-1]:.3f} nats/byte")
+
+# %%
+fig, ax = plt.subplots()
+ax.plot(result.steps, result.train_loss, label="train (mean over interval)")
+ax.plot(result.val_steps, result.val_loss, "o-", label="validation")
+ax.axhline(math.log(256), color="gray", ls=":", label="uniform guess")
+ax.axhline(unigram_entropy, color="gray", ls="--", label="byte frequencies (no context)")
+ax.set(xlabel="step", ylabel="cross-entropy (nats/byte)", title="A tiny byte-level GPT learning Python's docs")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Once the validation loss drops below the dashed line, the model uses context: it has
+# learned something attention makes possible. Samples, at temperature 0.8 with top-k 40
+# (top-k filtering is exercise 3):
+
+# %%
+prompt = data.encode('The "while" statement\n').unsqueeze(0)  # [1, T]
+sample = generate(model, prompt, 300, use_cache=False, temperature=0.8, top_k=40,
+                  generator=torch.Generator().manual_seed(0))
+print(data.decode(sample[0]))
+
+# %% [markdown]
+# ### What do the heads look at?
+#
+# `tinyk3.gpt2.attention_maps` recomputes every layer's attention weights for one input. Pick a
+# layer and a head with the sliders (they also work on the website: every picture is
+# precomputed). Rows are queries, columns keys; the upper triangle is the mask.
+
+# %%
+from tinyk3.widgets import figure_png, image_grid_explorer
+
+text = data.decode(val_data[1000:1048])
+probe = data.encode(text).unsqueeze(0)  # [1, 48]
+maps = attention_maps(model, probe)[:, 0]  # [L, H, T, T]
+labels = [{"\n": "⏎", " ": "␣"}.get(ch, ch) for ch in text]
+
+
+def head_png(layer, head):
+    fig, ax = plt.subplots(figsize=(4.2, 4.2), dpi=72)
+    ax.imshow(maps[layer, head], cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(labels)), labels, fontsize=6)
+    ax.set_yticks(range(len(labels)), labels, fontsize=6)
+    ax.grid(False)
+    ax.set_title(f"layer {layer}, head {head}")
+    return figure_png(fig)
+
+
+image_grid_explorer([[head_png(l, h) for h in range(maps.shape[1])] for l in range(maps.shape[0])],
+                    "layer", "head", title="Attention weights of the trained tiny GPT")
+
+# %% [markdown]
+# The pictures invite stories; numbers settle them. For each head: the average weight a query
+# puts on itself, on the byte just before it, and how far back it looks on average.
+
+# %%
+T = maps.shape[-1]
+dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp(min=0).float()  # i - j
+print("layer head   self  previous  mean distance")
+for l in range(maps.shape[0]):
+    for h in range(maps.shape[1]):
+        w = maps[l, h]
+        print(f"{l:5d} {h:4d}  {w.diagonal().mean():5.2f}  {w.diagonal(-1).mean():8.2f}"
+              f"  {(w * dist).sum(-1).mean():13.1f}")
+
+# %% [markdown]
+# In the run stored with this page, the first layer's heads keep most of their weight on the
+# last few bytes (short mean distances, a large share on the previous byte): they read local
+# spelling. Later layers spread their weight much further back. Your numbers will differ a
+# little with a different seed or training length; the pattern is typical of byte-level models.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise is a function to write. The cell after it runs an autograder from
+# `tinyk3.checks` on several random cases and tells you which case failed, by how much, and
+# (for the common mistakes) why. Solutions are folded below each check.
+#
+# ```{exercise} Causal self-attention
+# :label: ex-gpt2-attention
+#
+# Write `causal_attention(q, k, v)` for tensors `[B, H, T, D]`, returning `[B, H, T, D]`, in
+# the input's dtype, with the $1/\sqrt{D}$ scale and the causal mask. No loops over positions.
+# ```
+
+# %%
+def causal_attention_mine(q, k, v):
+    # your code here
+    raise NotImplementedError
+
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ok = checks.run("gpt2.causal_attention", causal_attention_mine)
+
+# %% [markdown]
+# ```{solution-start} ex-gpt2-attention
+# :class: dropdown
+# ```
+
+# %%
+def causal_attention_solution(q, k, v):
+    T, D = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)  # [B, H, T, T]
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)
+    return scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v
+
+
+ok = checks.run("gpt2.causal_attention", causal_attention_solution)
+
+# %% [markdown]
+# ```{solution-end}
+# ```
+#
+# ```{exercise} The parameter count by formula
+# :label: ex-gpt2-params
+#
+# Write `param_count(vocab_size, block_size, n_layer, n_embd)` returning the number of
+# parameters of a GPT-2 with a tied head, without building a model. The check includes GPT-2
+# small and medium and some random sizes.
+# ```
+
+# %%
+def param_count_mine(vocab_size, block_size, n_layer, n_embd):
+    # your code here
+    raise NotImplementedError
+
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ok = checks.run("gpt2.param_count", param_count_mine)
+
+# %% [markdown]
+# ```{solution-start} ex-gpt2-params
+# :class: dropdown
+# ```
+
+# %%
+def param_count_solution(vocab_size, block_size, n_layer, n_embd):
+    C = n_embd
+    per_block = (4 * C * C + 4 * C) + (8 * C * C + 5 * C) + 4 * C  # attention, MLP, 2 LayerNorms
+    return (vocab_size + block_size) * C + n_layer * per_block + 2 * C
+
+
+ok = checks.run("gpt2.param_count", param_count_solution)
+
+# %% [markdown]
+# ```{solution-end}
+# ```
+#
+# ```{exercise} Top-k filtering
+# :label: ex-gpt2-topk
+#
+# Sampling at temperature 0.8 with top-k 40 (as above) first keeps only the 40 largest logits
+# of each row. Write `top_k_logits(logits, k)` for `logits: [B, V]`: return a tensor of the
+# same shape in which every logit smaller than the row's k-th largest is `-inf`.
+# ```
+
+# %%
+def top_k_logits_mine(logits, k):
+    # your code here
+    raise NotImplementedError
+
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ok = checks.run("gpt2.top_k_logits", top_k_logits_mine)
+
+# %% [markdown]
+# ```{solution-start} ex-gpt2-topk
+# :class: dropdown
+# ```
+
+# %%
+def top_k_logits_solution(logits, k):
+    kth_largest = torch.topk(logits, k, dim=-1).values[:, -1:]  # [B, 1]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+ok = checks.run("gpt2.top_k_logits", top_k_logits_solution)
+
+# %% [markdown]
+# ```{solution-end}
+# ```
+
+# %% [markdown]
+# ## Summary
+#
+# - GPT-2 is embeddings (tokens plus learned positions), $L$ pre-LN blocks of causal attention
+#   and an MLP, a final LayerNorm and a head tied to the token embedding.
+# - Causal attention is $\operatorname{softmax}(QK^\top/\sqrt{D} + M)V$; the token loop, the
+#   masked product and the fused kernel agree to round-off, and the model is causal bit for bit.
+# - GPT-2 small has exactly 124,439,808 parameters; two thirds of each block is the MLP.
+# - Our implementation reproduces `transformers`' logits, so the real weights load into it.
+#
+# **Next.** Generating text calls the model once per new token, and each call recomputes the
+# keys and values of every earlier token. Chapter 2 keeps them instead: the KV cache.
+
+# %%
+print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")

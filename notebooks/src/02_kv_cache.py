@@ -1,0 +1,462 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The KV cache
+#
+# Chapter 1's GPT-2 generates text one token at a time, and each new token costs a full
+# forward pass over everything written so far. Most of that work is repeated: the keys and
+# values of earlier tokens do not change when a token is appended. The KV cache keeps them.
+# It turns each decoding step from a pass over the whole prefix into one attention row, and
+# it introduces the quantity the rest of this course fights: memory that grows with every
+# token.
+#
+# **In this chapter** you see why past keys and values can be reused, decode with a cache and
+# prove it gives the same logits as no cache, find (and fix) a masking bug that only appears
+# when several tokens are appended to a cache at once, and measure time and bytes.
+#
+# **Cost.** About a minute on two CPU cores at full size (the last cell prints the time).
+
+# %% tags=["hide-input"]
+# Setup: in Colab, install the course package from the repository; elsewhere, use the
+# installed one (`make book` or `pip install -e .`). Then fix threads and seeds.
+import sys
+
+REPO_URL = "https://github.com/tinyk3-course/gpt2-to-kimi-k3"
+if "google.colab" in sys.modules:
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}"], check=True)
+
+import time
+
+import tinyk3
+
+tinyk3.setup(seed=0)
+NOTEBOOK_START = time.perf_counter()
+
+# %% tags=["parameters"]
+SMOKE = False  # True: tiny sizes, for CI and the impatient
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+from tinyk3 import checks
+from tinyk3.attention import causal_attention, causal_mask
+from tinyk3.generate import generate
+from tinyk3.gpt2 import GPT, GPTConfig
+from tinyk3.kv_cache import KVCache, kv_cache_bytes
+
+DECODE_TOKENS = 48 if SMOKE else 512  # tokens generated in the timing experiment
+GPT2_CONTEXT = 256 if SMOKE else 1024  # tokens pushed through GPT-2 small to measure the cache
+
+
+def max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+# %% [markdown]
+# ## The idea: the past does not change
+#
+# In a causal model the key and value of token $j$ at every layer depend only on tokens
+# $0..j$ (chapter 1 checked that outputs at positions $\le t$ ignore token $t+1$ bit for bit).
+# So when token $t+1$ is appended, the keys and values of tokens $0..t$ are the same as
+# before. Generation without a cache recomputes them anyway, at every step.
+#
+# Here is that fact on a small random GPT: the keys and values of a 30-token prefix, computed
+# alone and computed as part of a 31-token sequence.
+
+# %%
+torch.manual_seed(0)
+model = GPT(GPTConfig(vocab_size=256, block_size=1024, n_layer=4, n_head=4, n_embd=256)).eval()
+tokens = torch.randint(0, 256, (1, 31))
+short, long = model.new_cache(), model.new_cache()
+with torch.no_grad():
+    model(tokens[:, :30], cache=short)
+    model(tokens, cache=long)
+err = max(max_diff(short.keys[l], long.keys[l][:, :, :30]) for l in range(4))
+err = max(err, max(max_diff(short.values[l], long.values[l][:, :, :30]) for l in range(4)))
+print(f"max difference in the 30 shared positions, all layers: {err:.1e}")
+
+# %% [markdown]
+# (Not always exactly zero: a matrix product over 31 rows may be blocked differently from one
+# over 30, which changes the order of float32 additions, not the mathematics.)
+
+# %% [markdown]
+# ## The math: one decoding step
+#
+# Keep, for every layer, the keys and values of all tokens so far,
+# $K_{\le t}, V_{\le t} \in \mathbb{R}^{t \times D}$ per head. To decode token $t+1$, run the
+# model on that single token. At each layer it computes $q_{t+1}, k_{t+1}, v_{t+1}$, appends
+# the last two to the cache, and attends with one query row:
+#
+# $$
+# o_{t+1} = \operatorname{softmax}\!\left(\frac{q_{t+1} K_{\le t+1}^\top}{\sqrt{D}}\right) V_{\le t+1}.
+# $$
+#
+# No mask is needed for a single new token: every cached key is in its past. The step costs
+# one token's projections and MLP plus an attention row of length $t+1$, instead of a forward
+# pass over $t+1$ tokens. The cache holds keys and values for every layer and every head:
+#
+# $$
+# \text{cache bytes} = 2 \cdot L \cdot C \cdot T \cdot B \cdot \text{bytes per value}
+# \qquad (C = H \cdot D).
+# $$
+
+# %%
+# NBVAL_CHECK_OUTPUT
+small = GPTConfig()
+per_token = kv_cache_bytes(small.n_layer, small.n_embd, seq_len=1)
+print(f"GPT-2 small, float32: {per_token // 4:,} numbers = {per_token:,} bytes per token")
+print(f"a full 1,024-token context: {kv_cache_bytes(small.n_layer, small.n_embd, 1024) / 2**20:.1f} MiB")
+
+# %% [markdown]
+# ## Build it: the cache and the decoding loop
+#
+# `tinyk3.kv_cache.KVCache` is a list of `[B, H, T, D]` key and value tensors, one pair per
+# layer. Attention calls `append`, which concatenates the new tokens' keys and values and
+# returns everything so far:
+
+# %%
+tinyk3.notebook.show_source(KVCache.append)
+
+# %% [markdown]
+# The model reads `cache.length` to place the new tokens' positions, so
+# `model(idx, cache=cache)` processes tokens that *follow* the cached ones. Decoding is then:
+# run the prompt once (the *prefill*), and from there feed one token at a time.
+
+# %%
+prompt = torch.randint(0, 256, (1, 8))
+cache = model.new_cache()
+with torch.no_grad():
+    logits = model(prompt, cache=cache)  # prefill: 8 tokens
+    print(f"after prefill:  {cache}")
+    for _ in range(3):
+        nxt = logits[:, -1].argmax(-1, keepdim=True)  # [1, 1], greedy
+        logits = model(nxt, cache=cache)  # one token in, one token of logits out
+        print(f"after one step: {cache}")
+
+# %% [markdown]
+# ## Check: cached logits equal uncached logits
+#
+# Teacher forcing makes the comparison exact in intent: feed the same 64 tokens (a) all at
+# once without a cache, (b) one at a time through a cache, and (c) as a prefill of 20
+# followed by blocks of 16, 1 and 27 tokens. All three must give the same logits at every
+# position, up to float32 round-off.
+
+# %%
+tokens = torch.randint(0, 256, (2, 64))
+with torch.no_grad():
+    full = model(tokens)  # (a)
+    cache = model.new_cache()
+    one_by_one = torch.cat([model(tokens[:, t : t + 1], cache=cache) for t in range(64)], dim=1)  # (b)
+    cache = model.new_cache()
+    blocks = torch.cat([model(tokens[:, a:b], cache=cache)
+                        for a, b in [(0, 20), (20, 36), (36, 37), (37, 64)]], dim=1)  # (c)
+print(f"max |full - one token at a time| = {max_diff(full, one_by_one):.1e}")
+print(f"max |full - prefill and blocks|   = {max_diff(full, blocks):.1e}")
+
+# %% [markdown]
+# And so `generate` produces the same tokens with and without the cache, greedy or sampled
+# with the same seed:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for temperature in (0.0, 1.0):
+    a = generate(model, prompt, 40, use_cache=True, temperature=temperature,
+                 generator=torch.Generator().manual_seed(1))
+    b = generate(model, prompt, 40, use_cache=False, temperature=temperature,
+                 generator=torch.Generator().manual_seed(1))
+    print(f"temperature {temperature}: identical tokens with and without the cache: {torch.equal(a, b)}")
+
+# %% [markdown]
+# (erratum-cached-mask)=
+# ## Erratum: the mask that disappears with a cache
+#
+# A tempting way to write cached attention applies the causal mask only at prefill, "when
+# there is no cache", on the reasoning that a decoding step has one query which may see every
+# key. The post this course follows does exactly that. The reasoning holds for one new token.
+# It fails for a *block* of new tokens appended to a cache (speculative decoding, chunked
+# prefill, a multi-token user turn): without a mask, the first new token sees the tokens
+# after it. Here is that logic, written out:
+
+# %%
+def attention_mask_only_at_prefill(q_new, k_new, v_new, past=None):
+    """Masks only when there is no cache: correct for one new token, wrong for several."""
+    if past is None:
+        k, v = k_new, v_new
+    else:
+        k, v = torch.cat([past[0], k_new], dim=2), torch.cat([past[1], v_new], dim=2)
+    scores = q_new @ k.transpose(-1, -2) / math.sqrt(q_new.shape[-1])  # [B, H, T_new, T_all]
+    if past is None:  # "prefill: mask"; with a cache: no mask at all
+        T = q_new.shape[2]
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
+torch.manual_seed(0)
+past = (torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8))  # 6 cached tokens
+for n_new in (1, 4):
+    q_new, k_new, v_new = (torch.randn(1, 2, n_new, 8) for _ in range(3))
+    right = causal_attention(q_new, torch.cat([past[0], k_new], 2), torch.cat([past[1], v_new], 2))
+    wrong = attention_mask_only_at_prefill(q_new, k_new, v_new, past)
+    print(f"{n_new} new token(s): max error {max_diff(wrong, right):.3f}")
+
+# %% [markdown]
+# One new token: no error. Four: a large one. The error is a leak from the future, which a
+# probe shows directly: change only the *last* new token's value, and see whether the *first*
+# new token's output moves.
+
+# %%
+v_changed = v_new.clone()
+v_changed[:, :, -1] += 1.0
+first_before = attention_mask_only_at_prefill(q_new, k_new, v_new, past)[:, :, 0]
+first_after = attention_mask_only_at_prefill(q_new, k_new, v_changed, past)[:, :, 0]
+print(f"first new token's output moved by {max_diff(first_before, first_after):.3f} "
+      "when the last new token changed (must be 0)")
+
+# %% [markdown]
+# **The fix.** New token $i$ sits at absolute position $T_{\text{past}} + i$, so it may see keys
+# $0..T_{\text{past}} + i$: the causal mask is aligned to the *bottom-right* corner of the
+# $T_{\text{new}} \times (T_{\text{past}} + T_{\text{new}})$ score matrix, i.e.
+# `tril(diagonal=T_past)`. `tinyk3.attention.causal_mask` builds it:
+
+# %%
+print(causal_mask(4, 10).int())
+
+# %% [markdown]
+# A related trap: PyTorch's `scaled_dot_product_attention(..., is_causal=True)` aligns its
+# mask to the *top-left* corner when there are fewer queries than keys, which hides the cached
+# keys from the new tokens. `tinyk3.attention.causal_attention_sdpa` passes the explicit
+# bottom-right mask instead. Both, measured against the token loop:
+
+# %%
+from tinyk3.attention import causal_attention_loop, causal_attention_sdpa
+
+k_all, v_all = torch.cat([past[0], k_new], 2), torch.cat([past[1], v_new], 2)
+reference = causal_attention_loop(q_new, k_all, v_all)
+top_left = F.scaled_dot_product_attention(q_new, k_all, v_all, is_causal=True)
+print(f"SDPA with is_causal=True:    max error {max_diff(top_left, reference):.3f}")
+print(f"tinyk3 bottom-right mask:    max error {max_diff(causal_attention_sdpa(q_new, k_all, v_all), reference):.1e}")
+
+# %% [markdown]
+# The model-level check above (prefill then blocks of 16 and 27 tokens) passes because
+# `tinyk3.gpt2` uses the bottom-right mask. This erratum is listed on the
+# [errata page](../book/errata.md).
+
+# %% [markdown]
+# ## Experiment 1: decoding time, with and without the cache
+#
+# Generate tokens greedily from a 16-token prompt with a 4-layer, width-256 GPT and time
+# every step. Without the cache, step $t$ is a forward pass over $16 + t$ tokens, so its time
+# grows with $t$ and the total grows quadratically. With it, each step is one token through
+# the model plus an attention row that grows with $t$; at this size the row is a small part
+# of the step, so the step time grows only slowly. About 15 seconds at full size, nearly all
+# of it without the cache.
+
+# %%
+def timed_decode(model, prompt, n_tokens, use_cache):
+    """Greedy decoding; returns the seconds each step took."""
+    seq, cache = prompt, (model.new_cache() if use_cache else None)
+    step_input, seconds = prompt, []
+    with torch.no_grad():
+        for _ in range(n_tokens):
+            t0 = time.perf_counter()
+            logits = model(step_input, cache=cache)[:, -1]
+            nxt = logits.argmax(-1, keepdim=True)
+            seconds.append(time.perf_counter() - t0)
+            seq = torch.cat([seq, nxt], dim=1)
+            step_input = nxt if use_cache else seq
+    return torch.tensor(seconds)
+
+
+prompt = torch.randint(0, 256, (1, 16))
+timed_decode(model, prompt, 8, True), timed_decode(model, prompt, 8, False)  # warm-up
+with_cache = timed_decode(model, prompt, DECODE_TOKENS, use_cache=True)
+without_cache = timed_decode(model, prompt, DECODE_TOKENS, use_cache=False)
+print(f"{DECODE_TOKENS} tokens: {without_cache.sum():.2f} s without the cache, "
+      f"{with_cache.sum():.2f} s with it ({without_cache.sum() / with_cache.sum():.1f}x faster)")
+
+# %%
+steps = torch.arange(1, DECODE_TOKENS + 1)
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+ax1.plot(steps, without_cache * 1e3, label="without cache")
+ax1.plot(steps, with_cache * 1e3, label="with cache")
+ax1.set(xlabel="generated token", ylabel="time per step (ms)", title="Each step")
+ax2.plot(steps, without_cache.cumsum(0), label="without cache")
+ax2.plot(steps, with_cache.cumsum(0), label="with cache")
+ax2.set(xlabel="tokens generated", ylabel="total time (s)", title="Cumulative")
+for ax in (ax1, ax2):
+    ax.legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# How each grows, from the measurements: a straight-line fit of step time against position
+# gives the extra cost per token of context, and comparing the last quarter of the steps
+# with the first shows how much slower late steps are.
+
+# %%
+for name, t in (("without cache", without_cache), ("with cache", with_cache)):
+    slope = torch.linalg.lstsq(torch.stack([steps.double(), torch.ones(len(steps), dtype=torch.double)], 1),
+                               t.double()[:, None]).solution[0, 0].item()
+    q = len(t) // 4
+    print(f"{name:14s} +{slope * 1e6:7.2f} µs per step per token of context; "
+          f"last quarter / first quarter = {t[-q:].median() / t[:q].median():.1f}x")
+
+# %% [markdown]
+# ## Experiment 2: the bytes the cache costs
+#
+# Now GPT-2 small itself (randomly initialised: the cache's size does not depend on the
+# weights). Push tokens through it in blocks of 128 and read the cache's real size after each
+# block, next to the formula. About 10 seconds at full size.
+
+# %%
+t0 = time.perf_counter()
+torch.manual_seed(0)
+gpt2_small = GPT(GPTConfig()).eval()
+weight_bytes = sum(p.numel() * p.element_size() for p in gpt2_small.parameters())
+cache = gpt2_small.new_cache()
+lengths, measured = [], []
+with torch.no_grad():
+    for _ in range(0, GPT2_CONTEXT, 128):
+        gpt2_small(torch.randint(0, 50257, (1, 128)), cache=cache)
+        lengths.append(cache.length)
+        measured.append(cache.nbytes())
+analytic = [kv_cache_bytes(12, 768, n) for n in lengths]
+print(f"{'tokens':>6s} {'measured bytes':>15s} {'formula':>15s}")
+for n, m, a in zip(lengths, measured, analytic):
+    print(f"{n:6d} {m:15,d} {a:15,d}")
+print(f"measured equals formula at every length: {measured == analytic} "
+      f"({time.perf_counter() - t0:.0f} s)")
+
+# %%
+batch_sizes = [1, 8, 32]
+fig, ax = plt.subplots()
+xs = torch.arange(0, 1025, 32)
+for b in batch_sizes:
+    ax.plot(xs, [kv_cache_bytes(12, 768, int(x), b) / 2**20 for x in xs], label=f"formula, batch {b}")
+ax.plot(lengths, [m / 2**20 for m in measured], "ko", label="measured, batch 1")
+ax.axhline(weight_bytes / 2**20, color="gray", ls="--", label="the weights themselves")
+ax.set(xlabel="tokens in context", ylabel="MiB (float32)", yscale="log",
+       title="GPT-2 small: KV cache size")
+ax.legend()
+plt.show()
+break_even = weight_bytes / kv_cache_bytes(12, 768, 1)
+print(f"weights: {weight_bytes / 2**20:.0f} MiB; the cache outgrows them after {break_even:,.0f} "
+      f"tokens in total (e.g. batch {math.ceil(break_even / 1024)} at the full 1,024-token context)")
+
+# %% [markdown]
+# For GPT-2 the cache is modest. Kimi K3 reads contexts of a million tokens, and at that
+# length every layer's cache would dwarf any weights. Chapters 3 to 5 replace the growing
+# cache by a fixed-size state; chapter 13 shrinks it by caching a compressed latent instead.
+
+# %% [markdown]
+# ## Exercises
+#
+# ```{exercise} Attention over a cache
+# :label: ex-kv-attend
+#
+# Write `attend_with_cache(q_new, k_cache, v_cache, k_new, v_new)`. The `T_new` new tokens
+# follow `T_past` cached ones (all tensors `[B, H, T, D]`); return the new tokens' attention
+# outputs `[B, H, T_new, D]`. The check includes blocks of several new tokens.
+# ```
+
+# %%
+def attend_with_cache_mine(q_new, k_cache, v_cache, k_new, v_new):
+    # your code here
+    raise NotImplementedError
+
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ok = checks.run("kv_cache.attend_with_cache", attend_with_cache_mine)
+
+# %% [markdown]
+# ```{solution-start} ex-kv-attend
+# :class: dropdown
+# ```
+
+# %%
+def attend_with_cache_solution(q_new, k_cache, v_cache, k_new, v_new):
+    k = torch.cat([k_cache, k_new], dim=2)  # [B, H, T_past + T_new, D]
+    v = torch.cat([v_cache, v_new], dim=2)
+    T_past, T_new = k_cache.shape[2], q_new.shape[2]
+    scores = q_new @ k.transpose(-1, -2) / math.sqrt(q_new.shape[-1])  # [B, H, T_new, T_all]
+    allowed = torch.ones(T_new, T_past + T_new, dtype=torch.bool).tril(diagonal=T_past)
+    return scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1) @ v
+
+
+ok = checks.run("kv_cache.attend_with_cache", attend_with_cache_solution)
+
+# %% [markdown]
+# ```{solution-end}
+# ```
+#
+# ```{exercise} The size of a KV cache
+# :label: ex-kv-bytes
+#
+# Write `cache_bytes(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value)`: the
+# bytes a KV cache needs. Then use it: how many tokens of GPT-2 XL (48 layers, 25 heads of 64)
+# fit in 80 GB in bfloat16?
+# ```
+
+# %%
+def cache_bytes_mine(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
+    # your code here
+    raise NotImplementedError
+
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ok = checks.run("kv_cache.cache_bytes", cache_bytes_mine)
+
+# %% [markdown]
+# ```{solution-start} ex-kv-bytes
+# :class: dropdown
+# ```
+
+# %%
+def cache_bytes_solution(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
+    return 2 * n_layer * n_head * head_dim * seq_len * batch_size * bytes_per_value
+
+
+ok = checks.run("kv_cache.cache_bytes", cache_bytes_solution)
+print(f"GPT-2 XL, bfloat16: {80e9 / cache_bytes_solution(48, 25, 64, 1, 1, 2):,.0f} tokens in 80 GB")
+
+# %% [markdown]
+# ```{solution-end}
+# ```
+
+# %% [markdown]
+# ## Summary
+#
+# - Keys and values of past tokens never change in a causal model, so decoding can keep them:
+#   each step then runs one token through the model and one attention row over the cache.
+# - Cached and uncached decoding give the same logits (checked token by token and in blocks)
+#   and the same generated tokens.
+# - Appending a *block* of tokens to a cache needs the causal mask aligned bottom-right
+#   (`tril(diagonal=T_past)`); masking only at prefill, or `is_causal=True` with fewer queries
+#   than keys, lets tokens see the wrong positions.
+# - The cache costs $2 \cdot L \cdot C$ values per token: 73,728 bytes per token for GPT-2 small in
+#   float32, growing without bound with the context.
+#
+# **Next.** Part II asks whether attention needs a cache that grows at all: linear attention
+# folds all past keys and values into a fixed-size state.
+
+# %%
+print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")
