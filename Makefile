@@ -79,7 +79,7 @@ unit: env
 	$(BIN)/pytest -q -m "not browser" tests
 
 # Every notebook, small: papermill injects SMOKE=True, nbval runs it on a fresh kernel and
-# compares the outputs of cells marked `# NBVAL_CHECK_OUTPUT` with the stored full run.
+# compares the outputs of cells tagged `nbval-check-output` with the stored full run.
 smoke: env
 	rm -rf _build/smoke && mkdir -p _build/smoke
 	for nb in $(NOTEBOOKS); do \

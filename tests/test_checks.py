@@ -84,7 +84,7 @@ def test_reference_passes(exercise_id, capsys):
     assert result.max_abs_error == 0.0
     out = capsys.readouterr().out
     assert out == result.report + "\n"
-    assert out.startswith("✅") and f"passed {result.n_cases}/{result.n_cases}" in out
+    assert out.startswith("✔") and f"passed {result.n_cases}/{result.n_cases}" in out
 
 
 @pytest.mark.parametrize("exercise_id", EXERCISE_IDS)
@@ -112,7 +112,7 @@ def test_each_registered_mistake_is_recognised(exercise_id, name, capsys):
     report = capsys.readouterr().out
     assert f"Hint: {mistake.hint}" in report
     assert f"case {result.failed_case}" in report
-    assert report.startswith("❌")
+    assert report.startswith("✘")
 
 
 @pytest.mark.parametrize("exercise_id", EXERCISE_IDS)

@@ -214,8 +214,7 @@ print(f"{'total':24s} {total:12,d} {count_parameters(config):12,d}")
 # this small size almost a third of the model is the embedding table. nanoGPT pads the
 # vocabulary to 50,304 (a multiple of 64, for faster matmuls), which changes the count:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 print(f"GPT-2 small:              {count_parameters(GPTConfig()):,}")
 print(f"with vocab padded to 50,304: {count_parameters(GPTConfig(vocab_size=50304)):,}")
 print(f"an untied head would add: {GPTConfig().vocab_size * GPTConfig().n_embd:,}")
@@ -251,8 +250,7 @@ else:
 # Change the token at position $t+1$: the outputs at positions $0..t$ must not move at all,
 # not even in the last bit, because nothing there may depend on the future.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 torch.manual_seed(0)
 tiny = GPT(GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64)).eval()
 idx = torch.randint(0, 256, (1, 32))
@@ -409,8 +407,7 @@ def causal_attention_mine(q, k, v):
     raise NotImplementedError
 
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 ok = checks.run("gpt2.causal_attention", causal_attention_mine)
 
 # %% [markdown]
@@ -446,8 +443,7 @@ def param_count_mine(vocab_size, block_size, n_layer, n_embd):
     raise NotImplementedError
 
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 ok = checks.run("gpt2.param_count", param_count_mine)
 
 # %% [markdown]
@@ -482,8 +478,7 @@ def top_k_logits_mine(logits, k):
     raise NotImplementedError
 
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 ok = checks.run("gpt2.top_k_logits", top_k_logits_mine)
 
 # %% [markdown]

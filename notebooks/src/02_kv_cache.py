@@ -117,8 +117,7 @@ print(f"max difference in the 30 shared positions, all layers: {err:.1e}")
 # \qquad (C = H \cdot D).
 # $$
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 small = GPTConfig()
 per_token = kv_cache_bytes(small.n_layer, small.n_embd, seq_len=1)
 print(f"GPT-2 small, float32: {per_token // 4:,} numbers = {per_token:,} bytes per token")
@@ -174,8 +173,7 @@ print(f"max |full - prefill and blocks|   = {max_diff(full, blocks):.1e}")
 # And so `generate` produces the same tokens with and without the cache, greedy or sampled
 # with the same seed:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 for temperature in (0.0, 1.0):
     a = generate(model, prompt, 40, use_cache=True, temperature=temperature,
                  generator=torch.Generator().manual_seed(1))
@@ -347,7 +345,7 @@ print(f"measured equals formula at every length: {measured == analytic} "
 # %%
 batch_sizes = [1, 8, 32]
 fig, ax = plt.subplots()
-xs = torch.arange(0, 1025, 32)
+xs = torch.arange(32, 1025, 32)
 for b in batch_sizes:
     ax.plot(xs, [kv_cache_bytes(12, 768, int(x), b) / 2**20 for x in xs], label=f"formula, batch {b}")
 ax.plot(lengths, [m / 2**20 for m in measured], "ko", label="measured, batch 1")
@@ -359,11 +357,14 @@ plt.show()
 break_even = weight_bytes / kv_cache_bytes(12, 768, 1)
 print(f"weights: {weight_bytes / 2**20:.0f} MiB; the cache outgrows them after {break_even:,.0f} "
       f"tokens in total (e.g. batch {math.ceil(break_even / 1024)} at the full 1,024-token context)")
+print(f"at Kimi K3's context of 1,048,576 tokens, GPT-2 small's cache alone would be "
+      f"{kv_cache_bytes(12, 768, 2**20) / 1e9:.0f} GB (float32, one sequence)")
 
 # %% [markdown]
-# For GPT-2 the cache is modest. Kimi K3 reads contexts of a million tokens, and at that
-# length every layer's cache would dwarf any weights. Chapters 3 to 5 replace the growing
-# cache by a fixed-size state; chapter 13 shrinks it by caching a compressed latent instead.
+# At GPT-2's 1,024 tokens the cache is modest. At the million-token contexts of Kimi K3 even
+# this small model's cache would be tens of gigabytes (the last line above), and it grows
+# with every layer and head of a larger model. Chapters 3 to 5 replace the growing cache by
+# a fixed-size state; chapter 13 shrinks it by caching a compressed latent instead.
 
 # %% [markdown]
 # ## Exercises
@@ -382,8 +383,7 @@ def attend_with_cache_mine(q_new, k_cache, v_cache, k_new, v_new):
     raise NotImplementedError
 
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 ok = checks.run("kv_cache.attend_with_cache", attend_with_cache_mine)
 
 # %% [markdown]
@@ -421,8 +421,7 @@ def cache_bytes_mine(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_v
     raise NotImplementedError
 
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 ok = checks.run("kv_cache.cache_bytes", cache_bytes_mine)
 
 # %% [markdown]

@@ -2,7 +2,7 @@
 
 >>> from tinyk3 import checks
 >>> ok = checks.run("gpt2.param_count", my_param_count)   # doctest: +SKIP
-✅ gpt2.param_count (GPT-2 parameter count): passed 6/6 cases (exact).
+✔ gpt2.param_count (GPT-2 parameter count): passed 6/6 cases (exact).
 """
 
 from . import gpt2 as _gpt2  # noqa: F401  (registers chapter 1's exercises)

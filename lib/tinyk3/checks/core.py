@@ -266,13 +266,13 @@ def run(exercise_id: str, fn: Callable, *, verbose: bool = True) -> CheckResult:
     exercise = EXERCISES.get(exercise_id)
     if exercise is None:
         close = difflib.get_close_matches(str(exercise_id), list(EXERCISES), n=3)
-        msg = f"❓ no exercise called {exercise_id!r}."
+        msg = f"? no exercise called {exercise_id!r}."
         msg += f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         return done(CheckResult(str(exercise_id), "error", report=msg))
     head = f"{exercise.id} ({exercise.title})"
     if not callable(fn):
         return done(CheckResult(exercise.id, "error", report=(
-            f"❌ {head}: expected a function {exercise.signature}, got {_describe(fn)}."
+            f"✘ {head}: expected a function {exercise.signature}, got {_describe(fn)}."
         )))
 
     cases = exercise.cases()
@@ -286,7 +286,7 @@ def run(exercise_id: str, fn: Callable, *, verbose: bool = True) -> CheckResult:
         except NotImplementedError as exc:
             if i == 1:
                 return done(CheckResult(exercise.id, "not attempted", 0, len(cases), report=(
-                    f"⏸ {head}: not attempted yet (the function raises NotImplementedError).\n"
+                    f"○ {head}: not attempted yet (the function raises NotImplementedError).\n"
                     f"   Write {exercise.signature} in the cell above, run it, then run this "
                     "cell again."
                 )))
@@ -308,9 +308,9 @@ def run(exercise_id: str, fn: Callable, *, verbose: bool = True) -> CheckResult:
     if first_fail is None and first_exc is None:
         err = f" (max abs error {worst:.1e})" if worst else " (exact)"
         return done(CheckResult(exercise.id, "passed", n_passed, len(cases), max_abs_error=worst,
-                                report=f"✅ {head}: passed {n_passed}/{len(cases)} cases{err}."))
+                                report=f"✔ {head}: passed {n_passed}/{len(cases)} cases{err}."))
 
-    lines = [f"❌ {head}: {n_passed}/{len(cases)} cases passed."]
+    lines = [f"✘ {head}: {n_passed}/{len(cases)} cases passed."]
     mistake, max_err = None, None
     if first_fail is not None:
         i, case, cmp = first_fail
