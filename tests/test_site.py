@@ -419,3 +419,15 @@ def test_page(site, page_file):
 
     problems = log.report() + problems
     assert not problems, f"{url} ({source.relative_to(BOOK)}):\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("page_file", [p for p in PAGES if p.startswith("notebooks/")])
+def test_notebook_page_has_a_colab_button_for_its_own_notebook(page_file):
+    """The launch button opens this very notebook, from the repository set in _config.yml."""
+    config = yaml.safe_load((BOOK / "_config.yml").read_text())
+    repo = config["repository"]["url"].removeprefix("https://github.com/")
+    branch = config["repository"].get("branch", "main")
+    html = (SITE / f"{page_file}.html").read_text()
+    want = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{page_file}.ipynb"
+    assert want in html, f"{page_file}.html has no Colab link {want}"
