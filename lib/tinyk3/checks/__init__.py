@@ -3,10 +3,18 @@
 >>> from tinyk3 import checks
 >>> ok = checks.run("gpt2.param_count", my_param_count)   # doctest: +SKIP
 ✔ gpt2.param_count (GPT-2 parameter count): passed 6/6 cases (exact).
+
+Each chapter's exercises live in a module of this package (``gpt2``, ``kv_cache``, ...) that
+registers them on import; every such module is imported here, so the registry is complete.
 """
 
-from . import gpt2 as _gpt2  # noqa: F401  (registers chapter 1's exercises)
-from . import kv_cache as _kv_cache  # noqa: F401  (registers chapter 2's exercises)
+import importlib
+import pkgutil
+
 from .core import EXERCISES, Case, CheckResult, Exercise, Mistake, register, run
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "core":
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["run", "EXERCISES", "Exercise", "Case", "Mistake", "CheckResult", "register"]
