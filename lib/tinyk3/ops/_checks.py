@@ -1,0 +1,54 @@
+"""Input validation shared by the sequence-mixing operators (clear errors, not deep tracebacks)."""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op: str) -> tuple[int, ...]:
+    """``q, k: [B, H, T, Dk]``, ``v: [B, H, T, Dv]``, one float dtype, one device.
+
+    Returns ``(B, H, T, Dk, Dv)``.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{op}: {name} must have shape [B, H, T, D], got {tuple(t.shape)}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{op}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{op}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.shape != k.shape or q.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"{op}: expected q, k [B, H, T, Dk] and v [B, H, T, Dv]; got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    B, H, T, Dk = q.shape
+    return B, H, T, Dk, v.shape[-1]
+
+
+def check_state(state, shape: tuple[int, ...], like: torch.Tensor, op: str, name: str) -> None:
+    if not isinstance(state, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(state).__name__}")
+    if tuple(state.shape) != tuple(shape):
+        raise ValueError(f"{op}: {name} must have shape {list(shape)}, got {list(state.shape)}")
+    if state.device != like.device:
+        raise ValueError(f"{op}: {name} is on {state.device}, the inputs on {like.device}")
+    if not state.is_floating_point():
+        raise TypeError(f"{op}: {name} must be a floating-point tensor, got {state.dtype}")
+
+
+def check_beta(beta, B: int, H: int, T: int, like: torch.Tensor, op: str) -> None:
+    if not isinstance(beta, torch.Tensor):
+        raise TypeError(f"{op}: beta must be a torch.Tensor [B, H, T], got {type(beta).__name__}")
+    if tuple(beta.shape) != (B, H, T):
+        raise ValueError(f"{op}: beta must have shape [B, H, T] = {[B, H, T]}, got {list(beta.shape)}")
+    if beta.dtype != like.dtype:
+        raise TypeError(f"{op}: beta must have the dtype of q, k, v ({like.dtype}), got {beta.dtype}")
+    if beta.device != like.device:
+        raise ValueError(f"{op}: beta is on {beta.device}, the inputs on {like.device}")

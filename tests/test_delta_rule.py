@@ -1,0 +1,299 @@
+"""tinyk3.ops.delta_rule: the token loop agrees with a reference written here in the papers'
+layout, is one gradient-descent step per token, carries its state across calls, and misuse
+fails clearly.
+
+Reference (independent of the lib): numpy float64, ``S ∈ R^{Dv×Dk}``,
+``S_t = S_{t-1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ``, ``o_t = S_t q_t`` (state after the update).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+
+from tinyk3.ops import delta_rule
+
+# Relative to max(1, max |reference|). float64: summation order only. float32: lib in float32
+# vs the float64 reference on the same inputs (measured ≤ 3e-7; stated bound 1e-5).
+TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
+DTYPES = [torch.float64, torch.float32]
+DTYPE_IDS = ["f64", "f32"]
+
+# (B, H, T, Dk, Dv)
+SHAPES = [
+    (1, 1, 1, 4, 4),  # a single token
+    (2, 3, 7, 5, 3),  # Dk > Dv
+    (1, 2, 16, 8, 8),  # T > Dk: keys must collide, overwrites happen
+    (2, 1, 9, 3, 6),  # Dk < Dv
+    (1, 2, 0, 4, 5),  # an empty sequence: the state passes through
+]
+SHAPE_IDS = ["B{}H{}T{}Dk{}Dv{}".format(*s) for s in SHAPES]
+
+
+def _inputs(B, H, T, Dk, Dv, dtype, *, unit_keys=True, seed=0):
+    """q, k, v, beta ∈ (0, 1) and a non-zero initial state. Un-normalised keys get random norms
+    in (0.5, 1.4) (so ‖k‖² up to ≈2: the transition may flip sign but does not blow up)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, Dk, generator=g, dtype=dtype)
+    k = torch.randn(B, H, T, Dk, generator=g, dtype=dtype)
+    k = k / k.norm(dim=-1, keepdim=True)
+    if not unit_keys:
+        k = k * (0.5 + 0.9 * torch.rand(B, H, T, 1, generator=g, dtype=dtype))
+    v = torch.randn(B, H, T, Dv, generator=g, dtype=dtype)
+    beta = torch.rand(B, H, T, generator=g, dtype=dtype)
+    S0 = torch.randn(B, H, Dk, Dv, generator=g, dtype=dtype)
+    return q, k, v, beta, S0
+
+
+def _np_reference(q, k, v, beta, S0=None):
+    """numpy float64 in the papers' layout. Returns o and the final state in OUR layout."""
+    q, k, v, beta = (t.detach().double().numpy() for t in (q, k, v, beta))
+    B, H, T, Dk = q.shape
+    Dv = v.shape[-1]
+    o = np.zeros((B, H, T, Dv))
+    S_out = np.zeros((B, H, Dk, Dv))
+    eye = np.eye(Dk)
+    for b in range(B):
+        for h in range(H):
+            S = np.zeros((Dv, Dk)) if S0 is None else S0[b, h].detach().double().numpy().T.copy()
+            for t in range(T):
+                kt, bt = k[b, h, t], beta[b, h, t]
+                S = S @ (eye - bt * np.outer(kt, kt)) + bt * np.outer(v[b, h, t], kt)
+                o[b, h, t] = S @ q[b, h, t]
+            S_out[b, h] = S.T
+    return torch.from_numpy(o), torch.from_numpy(S_out)
+
+
+def _rel_err(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    if a.numel() == 0:
+        return 0.0
+    return ((a - b).abs().max() / b.abs().max().clamp(min=1.0)).item()
+
+
+# -- against the reference ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("unit_keys", [True, False], ids=["l2-keys", "raw-keys"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_agrees_with_numpy_reference(shape, dtype, with_state, unit_keys):
+    B, H, T, Dk, Dv = shape
+    q, k, v, beta, S0 = _inputs(*shape, dtype, unit_keys=unit_keys)
+    init = S0 if with_state else None
+    o, S = delta_rule.recurrent(q, k, v, beta, initial_state=init)
+    assert o.shape == (B, H, T, Dv) and o.dtype == dtype
+    assert S.shape == (B, H, Dk, Dv) and S.dtype == torch.promote_types(dtype, torch.float32)
+    ref_o, ref_S = _np_reference(q, k, v, beta, init)
+    assert _rel_err(o, ref_o) <= TOL[dtype], f"o: {_rel_err(o, ref_o):.3g}"
+    assert _rel_err(S, ref_S) <= TOL[dtype], f"S: {_rel_err(S, ref_S):.3g}"
+
+
+def test_reference_is_not_plain_linear_attention():
+    """Guard for the test itself: with β ∈ (0, 1) the delta rule differs from S += kᵀv."""
+    q, k, v, beta, _ = _inputs(1, 2, 8, 4, 4, torch.float64, seed=1)
+    o, S = delta_rule.recurrent(q, k, v, beta)
+    additive = (k.unsqueeze(-1) * (beta[..., None] * v).unsqueeze(-2)).cumsum(2)  # Σ β_j k_jᵀ v_j
+    assert _rel_err(o, torch.einsum("bhtk,bhtkv->bhtv", q, additive)) > 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_half_precision_accumulates_in_float32(dtype):
+    q, k, v, beta, S0 = _inputs(1, 2, 12, 8, 8, dtype, seed=2)
+    o, S = delta_rule.recurrent(q, k, v, beta, initial_state=S0)
+    assert o.dtype == dtype and S.dtype == torch.float32
+    ref_o, ref_S = _np_reference(q, k, v, beta, S0)
+    assert _rel_err(o, ref_o) <= 1e-2  # one rounding of o to 8 (bf16) or 11 (f16) bits
+    assert _rel_err(S, ref_S) <= 1e-5  # the state never leaves float32
+
+
+# -- states -------------------------------------------------------------------------------------
+
+def test_split_anywhere_equals_one_pass():
+    T = 9
+    q, k, v, beta, S0 = _inputs(2, 2, T, 4, 3, torch.float64, seed=3)
+    ref_o, ref_S = delta_rule.recurrent(q, k, v, beta, initial_state=S0)
+    for t0 in range(T + 1):
+        o1, mid = delta_rule.recurrent(q[:, :, :t0], k[:, :, :t0], v[:, :, :t0], beta[:, :, :t0],
+                                       initial_state=S0)
+        o2, S = delta_rule.recurrent(q[:, :, t0:], k[:, :, t0:], v[:, :, t0:], beta[:, :, t0:],
+                                     initial_state=mid)
+        assert _rel_err(torch.cat([o1, o2], dim=2), ref_o) <= 1e-12, f"split at {t0}"
+        assert _rel_err(S, ref_S) <= 1e-12, f"split at {t0}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_decoding_one_token_at_a_time(dtype):
+    q, k, v, beta, _ = _inputs(2, 3, 10, 5, 4, dtype, seed=4)
+    ref_o, ref_S = delta_rule.recurrent(q, k, v, beta)
+    S, outs = None, []
+    for t in range(10):
+        o_t, S = delta_rule.recurrent(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
+                                      beta[:, :, t:t + 1], initial_state=S)
+        outs.append(o_t)
+    assert _rel_err(torch.cat(outs, dim=2), ref_o) <= TOL[dtype]
+    assert _rel_err(S, ref_S) <= TOL[dtype]
+
+
+def test_empty_sequence_passes_the_state_through():
+    q, k, v, beta, S0 = _inputs(2, 2, 0, 3, 4, torch.float64)
+    o, S = delta_rule.recurrent(q, k, v, beta, initial_state=S0)
+    assert o.shape == (2, 2, 0, 4) and o.dtype == torch.float64
+    assert torch.equal(S, S0)
+    _, S = delta_rule.recurrent(q, k, v, beta)
+    assert torch.equal(S, torch.zeros(2, 2, 3, 4, dtype=torch.float64))
+
+
+def test_pure_function_inputs_untouched():
+    ins = _inputs(1, 2, 5, 3, 4, torch.float64, seed=5)
+    before = [t.clone() for t in ins]
+    q, k, v, beta, S0 = ins
+    delta_rule.recurrent(q, k, v, beta, initial_state=S0)
+    for t, b in zip(ins, before):
+        assert torch.equal(t, b)
+
+
+# -- what the update means ----------------------------------------------------------------------
+
+def test_one_step_is_one_gradient_descent_step():
+    """S_1 = S_0 − β ∇_S ½‖k S − v‖² at S_0 (autograd), for unit-norm k."""
+    q, k, v, beta, S0 = _inputs(2, 3, 1, 6, 4, torch.float64, seed=6)
+    _, S1 = delta_rule.recurrent(q, k, v, beta, initial_state=S0)
+    S = S0.clone().requires_grad_()
+    loss = 0.5 * (torch.einsum("bhk,bhkv->bhv", k[:, :, 0], S) - v[:, :, 0]).square().sum()
+    (grad,) = torch.autograd.grad(loss, S)  # heads are independent: one loss for all is fine
+    assert _rel_err(S1, S0 - beta[:, :, 0, None, None] * grad) <= 1e-12
+    assert _rel_err(S1, S0) > 1e-3  # and the step moved the state
+
+
+def test_beta_zero_leaves_the_state_unchanged():
+    q, k, v, _, S0 = _inputs(2, 2, 6, 4, 5, torch.float64, seed=7)
+    o, S = delta_rule.recurrent(q, k, v, torch.zeros(2, 2, 6, dtype=torch.float64), initial_state=S0)
+    assert torch.equal(S, S0)
+    assert _rel_err(o, q @ S0) <= 1e-12  # o_t = q_t S_0
+
+
+def test_beta_one_with_unit_keys_overwrites():
+    """β = 1, ‖k_t‖ = 1: reading at k_t right after the write returns v_t exactly, whatever the
+    state held (q = k makes o_t = k_t S_t that read)."""
+    q, k, v, _, S0 = _inputs(2, 2, 12, 4, 3, torch.float64, seed=8)  # T > Dk: keys overlap
+    ones = torch.ones(2, 2, 12, dtype=torch.float64)
+    o, S = delta_rule.recurrent(k, k, v, ones, initial_state=S0)
+    assert _rel_err(o, v) <= 1e-12
+    assert _rel_err(torch.einsum("bhk,bhkv->bhv", k[:, :, -1], S), v[:, :, -1]) <= 1e-12
+    # with β < 1 the write is partial: the read is between old and new, not v
+    o_half, _ = delta_rule.recurrent(k, k, v, 0.5 * ones, initial_state=S0)
+    assert _rel_err(o_half, v) > 1e-2
+
+
+def test_orthonormal_keys_are_recalled_exactly():
+    """Dk orthonormal keys written once with β = 1 from S = 0: reading each key returns its value."""
+    D = 6
+    g = torch.Generator().manual_seed(9)
+    Qm, _ = torch.linalg.qr(torch.randn(D, D, generator=g, dtype=torch.float64))
+    k = Qm.T.reshape(1, 1, D, D)  # rows are orthonormal keys
+    v = torch.randn(1, 1, D, 3, generator=g, dtype=torch.float64)
+    _, S = delta_rule.recurrent(k, k, v, torch.ones(1, 1, D, dtype=torch.float64))
+    assert _rel_err(k @ S, v) <= 1e-12
+
+
+@pytest.mark.parametrize("b", [0.25, 0.7, 1.0])
+def test_transition_eigenvalues(b):
+    """With v = 0 one step maps S_0 = I to A = I − β kᵀk: eigenvalues 1 (D−1 times) and 1 − β,
+    the eigenvector of 1 − β being k (unit k)."""
+    D = 5
+    q, k, _, _, _ = _inputs(1, 1, 1, D, D, torch.float64, seed=10)
+    eye = torch.eye(D, dtype=torch.float64).reshape(1, 1, D, D)
+    _, A = delta_rule.recurrent(q, k, torch.zeros(1, 1, 1, D, dtype=torch.float64),
+                                torch.full((1, 1, 1), b, dtype=torch.float64), initial_state=eye)
+    A = A[0, 0]
+    assert _rel_err(A, A.T) <= 1e-15  # symmetric
+    ev = torch.linalg.eigvalsh(A)  # ascending
+    expected = torch.tensor([1.0 - b] + [1.0] * (D - 1), dtype=torch.float64)
+    assert _rel_err(ev, expected) <= 1e-12
+    k0 = k[0, 0, 0]
+    assert _rel_err(k0 @ A, (1.0 - b) * k0) <= 1e-12
+
+
+# -- gradients ----------------------------------------------------------------------------------
+
+def test_gradcheck():
+    ins = tuple(t.requires_grad_() for t in _inputs(1, 2, 3, 3, 2, torch.float64, unit_keys=False,
+                                                    seed=11))
+
+    def fn(q, k, v, beta, S0):
+        return delta_rule.recurrent(q, k, v, beta, initial_state=S0)
+
+    assert torch.autograd.gradcheck(fn, ins, eps=1e-6, atol=1e-7)
+
+
+# -- flash-linear-attention, where it is installed (optional; not in CI) --------------------------
+
+def test_agrees_with_fla_naive_reference():
+    naive = pytest.importorskip(
+        "fla.ops.delta_rule.naive",
+        reason="flash-linear-attention (fla) is not installed: optional cross-check, not in CI",
+    )
+    q, k, v, beta, S0 = _inputs(2, 2, 16, 8, 6, torch.float32, seed=12)
+    fn = naive.delta_rule_recurrence
+    # fla scales q by Dk^-0.5 internally (FACTS.md); undo it, by argument or by hand.
+    if "scale" in inspect.signature(fn).parameters:
+        o_fla, S_fla = fn(q, k, v, beta, initial_state=S0.clone(), scale=1.0)
+    else:
+        o_fla, S_fla = fn(q * q.shape[-1] ** 0.5, k, v, beta, initial_state=S0.clone())
+    o, S = delta_rule.recurrent(q, k, v, beta, initial_state=S0)
+    assert _rel_err(o, o_fla) <= 1e-5
+    assert _rel_err(S, S_fla) <= 1e-5
+
+
+# -- misuse -------------------------------------------------------------------------------------
+
+def _bad_inputs():
+    f64 = torch.float64
+    q, k, v, beta, S0 = _inputs(2, 2, 4, 3, 5, torch.float32)
+    meta = torch.device("meta")
+    return [
+        # (id, args, kwargs, exception, message pattern)
+        ("3-D q", (q[0], k, v, beta), {}, ValueError, r"q must have shape \[B, H, T, D\]"),
+        ("k head size", (q, k[..., :2], v, beta), {}, ValueError, r"expected q, k \[B, H, T, Dk\]"),
+        ("v length", (q, k, v[:, :, :3], beta), {}, ValueError, r"v \[B, H, T, Dv\]"),
+        ("int k", (q, k.int(), v, beta), {}, TypeError, "k must be a floating-point tensor"),
+        ("mixed dtypes", (q, k, v.to(f64), beta), {}, TypeError, "share a dtype"),
+        ("v on meta", (q, k, v.to(meta), beta), {}, ValueError, "one device"),
+        ("beta [B, H, T, 1]", (q, k, v, beta[..., None]), {}, ValueError,
+         r"beta must have shape \[B, H, T\] = \[2, 2, 4\], got \[2, 2, 4, 1\]"),
+        ("beta too short", (q, k, v, beta[:, :, :3]), {}, ValueError, r"got \[2, 2, 3\]"),
+        ("beta per head only", (q, k, v, beta[:, :, 0]), {}, ValueError, r"beta must have shape"),
+        ("beta float64", (q, k, v, beta.to(f64)), {}, TypeError,
+         r"beta must have the dtype of q, k, v \(torch.float32\), got torch.float64"),
+        ("int beta", (q, k, v, (beta > 0.5).long()), {}, TypeError, "beta must have the dtype"),
+        ("float beta", (q, k, v, 0.5), {}, TypeError, r"beta must be a torch.Tensor \[B, H, T\], got float"),
+        ("beta on meta", (q, k, v, beta.to(meta)), {}, ValueError, "beta is on meta, the inputs on cpu"),
+        ("state shape", (q, k, v, beta), {"initial_state": S0[..., :4]}, ValueError,
+         r"initial_state must have shape \[2, 2, 3, 5\], got \[2, 2, 3, 4\]"),
+        ("state transposed", (q, k, v, beta), {"initial_state": S0.transpose(-1, -2)}, ValueError,
+         r"initial_state must have shape \[2, 2, 3, 5\]"),
+        ("int state", (q, k, v, beta), {"initial_state": S0.long()}, TypeError,
+         "initial_state must be a floating-point tensor"),
+        ("state on meta", (q, k, v, beta), {"initial_state": S0.to(meta)}, ValueError,
+         "initial_state is on meta, the inputs on cpu"),
+        ("pair state", (q, k, v, beta), {"initial_state": (S0, S0)}, TypeError,
+         "initial_state must be a torch.Tensor, got tuple"),
+    ]
+
+
+@pytest.mark.parametrize("case", _bad_inputs(), ids=lambda c: c[0])
+def test_bad_inputs_raise_clear_errors(case):
+    _, args, kwargs, exc, pattern = case
+    with pytest.raises(exc, match=pattern) as info:
+        delta_rule.recurrent(*args, **kwargs)
+    assert str(info.value).startswith("delta_rule.recurrent: ")  # says which operator
+
+
+def test_initial_state_is_keyword_only():
+    q, k, v, beta, S0 = _inputs(1, 1, 2, 2, 2, torch.float64)
+    with pytest.raises(TypeError):
+        delta_rule.recurrent(q, k, v, beta, S0)
