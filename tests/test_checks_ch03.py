@@ -1,0 +1,321 @@
+"""Chapter 3 exercises (tinyk3.checks.linear_attention): realistic learner answers, written by
+hand the way learners write them (loops, einsum, cumsum), independent of the registered
+Mistake functions. Wrong ones must fail with the expected mistake's hint (or the general hint
+where no registered mistake explains them); right ones, in several styles, must pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tinyk3 import checks
+
+
+def run(exercise_id, fn):
+    return checks.run(exercise_id, fn, verbose=False)
+
+
+def _assert_failed(result, mistake=None):
+    assert result.status == "failed", result.report
+    assert not result
+    assert result.mistake == mistake, result.report
+    assert 0 <= result.n_passed < result.n_cases
+    assert result.failed_case is not None
+    assert "Hint: " in result.report
+
+
+# -- linear_attention.parallel: (q kᵀ ⊙ M) v, no normaliser ------------------------------------
+
+def par_post_style_state(q, k, v):
+    """Fold every token into one state, then read it: the post's prefill."""
+    S = torch.einsum("bhtk,bhtv->bhkv", k, v)
+    return torch.einsum("bhtk,bhkv->bhtv", q, S)
+
+
+def par_minus_inf_fill(q, k, v):
+    T = q.shape[2]
+    mask = torch.tril(torch.ones(T, T))
+    scores = q @ k.mT
+    scores = scores.masked_fill(mask == 0, float("-inf"))  # copied from softmax attention
+    return scores @ v
+
+
+def par_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def par_loop_reads_before_writing(q, k, v):
+    B, H, T, Dk = q.shape
+    S = torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype)
+    outs = []
+    for t in range(T):
+        outs.append(q[:, :, t : t + 1] @ S)  # read first ...
+        S = S + k[:, :, t : t + 1].mT @ v[:, :, t : t + 1]  # ... then write
+    return torch.cat(outs, dim=2)
+
+
+def par_exp_normalised(q, k, v):
+    T = q.shape[-2]
+    w = torch.exp(q @ k.transpose(-2, -1)) * torch.tril(torch.ones(T, T, dtype=q.dtype))
+    return (w / w.sum(-1, keepdim=True)) @ v
+
+
+def par_scaled_like_attention(q, k, v):
+    d = q.size(-1)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+    return torch.tril(att) @ v
+
+
+def par_upper_triangle(q, k, v):
+    return torch.triu(q @ k.transpose(-2, -1)) @ v  # the future instead of the past
+
+
+def par_ok_loop(q, k, v):
+    B, H, T, Dk = q.shape
+    S = torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype)
+    outs = []
+    for t in range(T):
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, :, t], v[:, :, t])
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+    return torch.stack(outs, dim=2)
+
+
+def par_ok_cumsum(q, k, v):
+    S = (k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=2)  # every S_t  [B, H, T, Dk, Dv]
+    return (q.unsqueeze(-2) @ S).squeeze(-2)
+
+
+def par_ok_mask_multiply(q, k, v):
+    T = q.shape[2]
+    M = torch.ones(T, T, dtype=q.dtype).tril()
+    return ((q @ k.transpose(-1, -2)) * M) @ v
+
+
+# -- linear_attention.normalized: q_t S_t / (q_t · z_t) -----------------------------------------
+
+def norm_z_over_all_tokens(q, k, v):
+    B, H, T, Dk = q.shape
+    z = k.sum(dim=2)  # computed once, up front
+    S = torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype)
+    outs = []
+    for t in range(T):
+        S = S + k[:, :, t].unsqueeze(-1) * v[:, :, t].unsqueeze(-2)
+        num = torch.einsum("bhk,bhkv->bhv", q[:, :, t], S)
+        outs.append(num / ((q[:, :, t] * z).sum(-1, keepdim=True) + 1e-6))
+    return torch.stack(outs, dim=2)
+
+
+def norm_weights_over_wrong_dim(q, k, v):
+    a = torch.tril(q @ k.transpose(-2, -1))
+    a = a / a.sum(dim=-2, keepdim=True)
+    return a @ v
+
+
+def norm_divides_by_k_dot_z(q, k, v):
+    B, H, T, Dk = q.shape
+    S = torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype)
+    z = torch.zeros(B, H, Dk, dtype=q.dtype)
+    outs = []
+    for t in range(T):
+        q_t, k_t, v_t = q[:, :, t], k[:, :, t], v[:, :, t]
+        S = S + k_t[..., :, None] * v_t[..., None, :]
+        z = z + k_t
+        outs.append((q_t[..., None, :] @ S)[..., 0, :] / ((k_t * z).sum(-1, keepdim=True) + 1e-6))
+    return torch.stack(outs, dim=2)
+
+
+def norm_post_style(q, k, v):
+    S = k.transpose(-1, -2) @ v  # [B, H, Dk, Dv]
+    z = k.sum(dim=2, keepdim=True).transpose(-1, -2)  # [B, H, Dk, 1]
+    return (q @ S) / (q @ z)
+
+
+def norm_reads_before_writing(q, k, v):
+    B, H, T, Dk = q.shape
+    S = q.new_zeros(B, H, Dk, v.shape[-1])
+    z = q.new_zeros(B, H, Dk)
+    outs = []
+    for t in range(T):
+        q_t = q[:, :, t]
+        o_t = torch.einsum("bhk,bhkv->bhv", q_t, S) / ((q_t * z).sum(-1, keepdim=True) + 1e-6)
+        outs.append(o_t)
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, :, t], v[:, :, t])
+        z = z + k[:, :, t]
+    return torch.stack(outs, dim=2)
+
+
+def norm_forgets_to_divide(q, k, v):
+    return (q @ k.mT).tril() @ v
+
+
+def norm_ok_loop(q, k, v):
+    B, H, T, Dk = q.shape
+    S = torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype)
+    z = torch.zeros(B, H, Dk, dtype=q.dtype)
+    outs = []
+    for t in range(T):
+        S = S + k[:, :, t, :, None] * v[:, :, t, None, :]
+        z = z + k[:, :, t]
+        num = (q[:, :, t, None, :] @ S).squeeze(-2)
+        outs.append(num / ((q[:, :, t] * z).sum(-1, keepdim=True) + 1e-6))
+    return torch.stack(outs, dim=2)
+
+
+def norm_ok_vectorised_cumsum(q, k, v):
+    num = (q @ k.transpose(-1, -2)).tril() @ v
+    den = (q * k.cumsum(dim=2)).sum(-1, keepdim=True)
+    return num / (den + 1e-6)
+
+
+def norm_ok_without_eps(q, k, v):
+    """No eps: differs from the reference by a relative 1e-6/(q·z), inside the tolerance."""
+    a = (q @ k.transpose(-1, -2)).tril()
+    return (a / a.sum(-1, keepdim=True)) @ v
+
+
+# -- linear_attention.crossover_length -----------------------------------------------------------
+
+def co_ceil_of_equality(D):
+    return math.ceil((D * D + D) / (2 * D))  # the equality point, not "more than"
+
+
+def co_forgets_z(D):
+    return D // 2 + 1  # 2·t·D > D·D: the D numbers of z left out
+
+
+def co_keys_only_loop(D):
+    t = 0
+    while t * D <= D * D + D:  # only the keys are counted
+        t += 1
+    return t
+
+
+def co_unrounded(D):
+    return (D * D + D) / (2 * D)
+
+
+def co_floor(D):
+    return int((D + 1) / 2)
+
+
+def co_keys_only_at_equality(D):
+    t = 1
+    while t * D < D * D + D:  # keys only, and stops at equality
+        t += 1
+    return t
+
+
+def co_ok_loop(D):
+    t = 1
+    while 2 * t * D <= D * D + D:
+        t += 1
+    return t
+
+
+def co_ok_formula(D):
+    return math.floor((D + 1) / 2) + 1
+
+
+REALISTIC = [
+    ("linear_attention.parallel", par_post_style_state, "no_mask"),
+    ("linear_attention.parallel", par_minus_inf_fill, "minus_inf_no_softmax"),
+    ("linear_attention.parallel", par_sdpa, "softmax"),
+    ("linear_attention.parallel", par_loop_reads_before_writing, "strict_mask"),
+    ("linear_attention.parallel", par_exp_normalised, "softmax_unscaled"),
+    ("linear_attention.parallel", par_scaled_like_attention, "scaled"),
+    ("linear_attention.parallel", par_upper_triangle, None),
+    ("linear_attention.normalized", norm_z_over_all_tokens, "non_causal_normaliser"),
+    ("linear_attention.normalized", norm_weights_over_wrong_dim, "column_sums"),
+    ("linear_attention.normalized", norm_divides_by_k_dot_z, "k_dot_z"),
+    ("linear_attention.normalized", norm_post_style, "non_causal"),
+    ("linear_attention.normalized", norm_reads_before_writing, "read_before_write"),
+    ("linear_attention.normalized", norm_forgets_to_divide, "no_normaliser"),
+    ("linear_attention.crossover_length", co_ceil_of_equality, "equal_not_more"),
+    ("linear_attention.crossover_length", co_forgets_z, "equal_not_more"),
+    ("linear_attention.crossover_length", co_keys_only_loop, "keys_only"),
+    ("linear_attention.crossover_length", co_unrounded, "not_rounded"),
+    ("linear_attention.crossover_length", co_floor, "rounded_down"),
+    ("linear_attention.crossover_length", co_keys_only_at_equality, None),
+]
+
+CORRECT = [
+    ("linear_attention.parallel", par_ok_loop),
+    ("linear_attention.parallel", par_ok_cumsum),
+    ("linear_attention.parallel", par_ok_mask_multiply),
+    ("linear_attention.normalized", norm_ok_loop),
+    ("linear_attention.normalized", norm_ok_vectorised_cumsum),
+    ("linear_attention.normalized", norm_ok_without_eps),
+    ("linear_attention.crossover_length", co_ok_loop),
+    ("linear_attention.crossover_length", co_ok_formula),
+]
+
+CH3 = ("linear_attention.parallel", "linear_attention.normalized",
+       "linear_attention.crossover_length")
+
+
+def test_chapter_3_exercises_are_registered():
+    for exercise_id in CH3:
+        assert checks.EXERCISES[exercise_id].chapter == 3
+
+
+@pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
+                         ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
+def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
+    result = checks.run(exercise_id, fn)
+    _assert_failed(result, mistake=mistake)
+    out = capsys.readouterr().out
+    ex = checks.EXERCISES[exercise_id]
+    hint = next(m.hint for m in ex.mistakes if m.name == mistake) if mistake else ex.hint
+    assert f"Hint: {hint}" in out
+    assert f"First failure: case {result.failed_case}" in out
+
+
+def test_every_exercise_has_two_realistic_wrong_answers_matching_a_mistake():
+    matched = {}
+    for exercise_id, _, mistake in REALISTIC:
+        matched.setdefault(exercise_id, set()).add(mistake)
+    for exercise_id in CH3:
+        assert len(matched[exercise_id] - {None}) >= 2
+
+
+@pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{f.__name__}" for e, f in CORRECT])
+def test_realistic_correct_answer_passes(exercise_id, fn):
+    result = run(exercise_id, fn)
+    assert result, result.report
+    assert result.n_passed == result.n_cases
+
+
+def test_the_post_style_prefill_is_right_only_for_the_single_token_case():
+    """q (Kᵀ V) without a mask equals the causal form for T = 1 and nowhere else."""
+    result = run("linear_attention.parallel", par_post_style_state)
+    cases = checks.EXERCISES["linear_attention.parallel"].cases()
+    single = [i for i, c in enumerate(cases) if c.args[0].shape[2] == 1]
+    assert result.n_passed == len(single) == 1
+    assert result.failed_case == 1
+
+
+def test_minus_inf_without_softmax_reports_the_nan():
+    result = run("linear_attention.parallel", par_minus_inf_fill)
+    assert "NaN" in result.report and "inf" in result.report
+
+
+def test_float64_is_kept():
+    """A loop that accumulates into a float32 buffer fails the float64 case only."""
+
+    def float32_buffer(q, k, v):
+        B, H, T, Dk = q.shape
+        S = torch.zeros(B, H, Dk, v.shape[-1])  # float32 whatever the inputs
+        outs = []
+        for t in range(T):
+            S = S + k[:, :, t, :, None].float() * v[:, :, t, None, :].float()
+            outs.append((q[:, :, t, None, :].float() @ S).squeeze(-2))
+        return torch.stack(outs, dim=2)
+
+    result = run("linear_attention.parallel", float32_buffer)
+    assert result.status == "failed" and result.n_passed == result.n_cases - 1
+    assert "wrong dtype: expected torch.float64, got torch.float32" in result.report
+    assert "float64 inputs: keep the dtype" in result.report
