@@ -32,6 +32,10 @@ SHAPES = [
 ]
 SHAPE_IDS = ["B{}H{}T{}Dk{}Dv{}".format(*s) for s in SHAPES]
 
+# Every form keeps the same contract: the token loop and the one-block triangular solve.
+FORMS = [delta_rule.recurrent, delta_rule.parallel]
+FORM_IDS = ["recurrent", "parallel"]
+
 
 def _inputs(B, H, T, Dk, Dv, dtype, *, unit_keys=True, seed=0):
     """q, k, v, beta ∈ (0, 1) and a non-zero initial state. Un-normalised keys get random norms
@@ -80,11 +84,12 @@ def _rel_err(a, b):
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-def test_agrees_with_numpy_reference(shape, dtype, with_state, unit_keys):
+@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+def test_agrees_with_numpy_reference(form, shape, dtype, with_state, unit_keys):
     B, H, T, Dk, Dv = shape
     q, k, v, beta, S0 = _inputs(*shape, dtype, unit_keys=unit_keys)
     init = S0 if with_state else None
-    o, S = delta_rule.recurrent(q, k, v, beta, initial_state=init)
+    o, S = form(q, k, v, beta, initial_state=init)
     assert o.shape == (B, H, T, Dv) and o.dtype == dtype
     assert S.shape == (B, H, Dk, Dv) and S.dtype == torch.promote_types(dtype, torch.float32)
     ref_o, ref_S = _np_reference(q, k, v, beta, init)
@@ -101,9 +106,10 @@ def test_reference_is_not_plain_linear_attention():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
-def test_half_precision_accumulates_in_float32(dtype):
+@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+def test_half_precision_accumulates_in_float32(form, dtype):
     q, k, v, beta, S0 = _inputs(1, 2, 12, 8, 8, dtype, seed=2)
-    o, S = delta_rule.recurrent(q, k, v, beta, initial_state=S0)
+    o, S = form(q, k, v, beta, initial_state=S0)
     assert o.dtype == dtype and S.dtype == torch.float32
     ref_o, ref_S = _np_reference(q, k, v, beta, S0)
     assert _rel_err(o, ref_o) <= 1e-2  # one rounding of o to 8 (bf16) or 11 (f16) bits
@@ -220,14 +226,36 @@ def test_transition_eigenvalues(b):
 
 # -- gradients ----------------------------------------------------------------------------------
 
-def test_gradcheck():
+@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+def test_gradcheck(form):
     ins = tuple(t.requires_grad_() for t in _inputs(1, 2, 3, 3, 2, torch.float64, unit_keys=False,
                                                     seed=11))
 
     def fn(q, k, v, beta, S0):
-        return delta_rule.recurrent(q, k, v, beta, initial_state=S0)
+        return form(q, k, v, beta, initial_state=S0)
 
     assert torch.autograd.gradcheck(fn, ins, eps=1e-6, atol=1e-7)
+
+
+def test_parallel_and_recurrent_have_equal_gradients():
+    grads = []
+    for form in FORMS:
+        ins = [t.clone().requires_grad_() for t in _inputs(2, 2, 12, 4, 3, torch.float64, seed=13)]
+        o, S = form(*ins[:4], initial_state=ins[4])
+        (o.square().sum() + S.sin().sum()).backward()
+        grads.append([t.grad for t in ins])
+    for a, b in zip(*grads):
+        assert _rel_err(a, b) <= 1e-11
+
+
+def test_parallel_continues_from_a_recurrent_prefill():
+    q, k, v, beta, S0 = _inputs(1, 2, 20, 5, 4, torch.float64, seed=14)
+    o_all, S_all = delta_rule.recurrent(q, k, v, beta, initial_state=S0)
+    o1, S1 = delta_rule.recurrent(q[:, :, :8], k[:, :, :8], v[:, :, :8], beta[:, :, :8],
+                                  initial_state=S0)
+    o2, S2 = delta_rule.parallel(q[:, :, 8:], k[:, :, 8:], v[:, :, 8:], beta[:, :, 8:],
+                                 initial_state=S1)
+    assert _rel_err(torch.cat([o1, o2], 2), o_all) <= 1e-12 and _rel_err(S2, S_all) <= 1e-12
 
 
 # -- flash-linear-attention, where it is installed (optional; not in CI) --------------------------
@@ -286,11 +314,12 @@ def _bad_inputs():
 
 
 @pytest.mark.parametrize("case", _bad_inputs(), ids=lambda c: c[0])
-def test_bad_inputs_raise_clear_errors(case):
+@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+def test_bad_inputs_raise_clear_errors(form, case):
     _, args, kwargs, exc, pattern = case
     with pytest.raises(exc, match=pattern) as info:
-        delta_rule.recurrent(*args, **kwargs)
-    assert str(info.value).startswith("delta_rule.recurrent: ")  # says which operator
+        form(*args, **kwargs)
+    assert str(info.value).startswith(f"delta_rule.{form.__name__}: ")  # says which operator
 
 
 def test_initial_state_is_keyword_only():
