@@ -1,16 +1,22 @@
-"""A small, honest training loop for the course's CPU experiments."""
+"""A small, honest training loop for the course's CPU experiments.
+
+:func:`train_lm` trains on windows of a token stream; :func:`train_batches` on any batch
+function (e.g. MQAR, whose targets are ``-100`` except at the answers). One loop serves both.
+"""
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from .data import get_batch
+from .data import IGNORE_INDEX, get_batch
 
-__all__ = ["TrainResult", "train_lm", "evaluate_loss"]
+__all__ = ["TrainResult", "train_lm", "train_batches", "evaluate_loss"]
 
 
 @dataclass
@@ -21,6 +27,8 @@ class TrainResult:
     val_loss: list[float] = field(default_factory=list)
     seconds: float = 0.0
     tokens_seen: int = 0
+    log_seconds: list[float] = field(default_factory=list)  # wall time at each of steps (evals included)
+    val_metric: list[float] = field(default_factory=list)  # train_batches' eval_fn, at val_steps
 
 
 @torch.no_grad()
@@ -54,12 +62,75 @@ def train_lm(
     seed: int = 0,
     progress: bool = True,
 ) -> TrainResult:
-    """Next-token training with AdamW, linear warm-up then cosine decay to 10 % of ``lr``."""
-    import math
+    """Next-token training with AdamW, linear warm-up then cosine decay to 10 % of ``lr``.
 
+    Batches are random windows of ``train_data`` (:func:`tinyk3.data.get_batch`); at every
+    log point the loss on fixed windows of ``val_data`` goes to ``result.val_loss``. The loop
+    itself is :func:`train_batches`'s.
+    """
+    block_size = block_size or model.config.block_size
+
+    def batch_fn(g: torch.Generator):
+        return get_batch(train_data, batch_size, block_size, g)
+
+    def log_val(result: TrainResult) -> None:
+        result.val_loss.append(evaluate_loss(model, val_data, batch_size, block_size))
+
+    return _fit(model, batch_fn, steps=steps, lr=lr, warmup=warmup, eval_every=eval_every,
+                seed=seed, progress=progress, log_eval=None if val_data is None else log_val)
+
+
+def train_batches(
+    model,
+    batch_fn: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]],
+    *,
+    steps: int,
+    lr: float = 3e-3,
+    warmup: int = 20,
+    eval_every: int = 50,
+    seed: int = 0,
+    progress: bool = True,
+    eval_fn: Callable[[torch.nn.Module], float] | None = None,
+) -> TrainResult:
+    """:func:`train_lm`'s loop on batches from ``batch_fn(generator) -> (x [B, T], y [B, T])``.
+
+    ``y`` holds next-token targets; positions with ``y == -100`` carry no loss (``ignore_index``
+    of ``F.cross_entropy``), so a task such as MQAR (:func:`tinyk3.data.mqar`) is trained on
+    its answers only. ``batch_fn`` gets one ``torch.Generator`` seeded with ``seed`` and must
+    draw all its randomness from it: the run is then reproducible. At every log point (each
+    ``eval_every`` steps and the last) ``eval_fn(model)``, if given, is called in eval mode
+    without gradients, and its value stored in ``result.val_metric`` (e.g. recall accuracy on
+    held-out examples). Same optimiser and schedule as :func:`train_lm`.
+    """
+    if eval_fn is None:
+        log_eval = None
+    else:
+        def log_eval(result: TrainResult) -> None:
+            was_training = model.training
+            model.eval()
+            try:
+                with torch.no_grad():
+                    result.val_metric.append(float(eval_fn(model)))
+            finally:
+                model.train(was_training)
+
+    return _fit(model, batch_fn, steps=steps, lr=lr, warmup=warmup, eval_every=eval_every,
+                seed=seed, progress=progress, log_eval=log_eval)
+
+
+def _fit(model, batch_fn, *, steps, lr, warmup, eval_every, seed, progress, log_eval) -> TrainResult:
+    """The loop shared by :func:`train_lm` and :func:`train_batches`.
+
+    AdamW (β = 0.9, 0.95; weight decay 0.1), gradient norm clipped at 1, linear warm-up over
+    ``warmup`` steps then cosine decay to 10 % of ``lr``. ``log_eval(result)``, if given, runs
+    at each log point and appends to the result.
+    """
     from tqdm.auto import tqdm
 
-    block_size = block_size or model.config.block_size
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
+        raise ValueError(f"eval_every must be a positive int, got {eval_every!r}")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
 
     def lr_at(step: int) -> float:
@@ -77,9 +148,9 @@ def train_lm(
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        x, y = get_batch(train_data, batch_size, block_size, g)
+        x, y = batch_fn(g)
         logits = model(x)  # [B, T, V]
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -91,10 +162,11 @@ def train_lm(
         if (step + 1) % eval_every == 0 or last:
             result.steps.append(step + 1)
             result.train_loss.append(running / count)
+            result.log_seconds.append(time.perf_counter() - t0)
             running, count = 0.0, 0
-            if val_data is not None:
+            if log_eval is not None:
                 result.val_steps.append(step + 1)
-                result.val_loss.append(evaluate_loss(model, val_data, batch_size, block_size))
+                log_eval(result)
             bar.set_postfix(loss=f"{result.train_loss[-1]:.3f}")
     result.seconds = time.perf_counter() - t0
     model.eval()
