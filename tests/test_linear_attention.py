@@ -16,8 +16,18 @@ import torch.nn.functional as F
 
 from tinyk3.ops import feature_maps, linear_attention
 
-FORMS = [linear_attention.recurrent, linear_attention.parallel]
-FORM_IDS = ["recurrent", "parallel"]
+
+def _chunked(C):
+    """linear_attention.chunked at chunk size C, with the other forms' signature."""
+    def form(q, k, v, **kw):
+        return linear_attention.chunked(q, k, v, chunk_size=C, **kw)
+    form.op_name = "chunked"
+    return form
+
+
+# Chunk sizes 1 (the recurrence), 3 (T = 7, 9, 16 are not multiples) and 64 (one chunk).
+FORMS = [linear_attention.recurrent, linear_attention.parallel, _chunked(1), _chunked(3), _chunked(64)]
+FORM_IDS = ["recurrent", "parallel", "chunked1", "chunked3", "chunked64"]
 
 # Relative to max(1, max |reference|). float64: the forms differ only in summation order.
 # float32: a few ulps of sums of O(T·D) products (measured ≤ 2e-7; stated bound 1e-5).
@@ -342,7 +352,7 @@ def test_gradcheck(form, normalize):
 
 
 @pytest.mark.parametrize("normalize", [False, True], ids=["plain", "normalized"])
-def test_gradients_of_the_two_forms_agree(normalize):
+def test_gradients_of_all_forms_agree(normalize):
     grads = []
     for form in FORMS:
         ins = [t.requires_grad_() for t in
@@ -352,8 +362,9 @@ def test_gradients_of_the_two_forms_agree(normalize):
         S, _ = _split_state(state, normalize)
         (o.square().sum() + S.sin().sum()).backward()
         grads.append([t.grad if t.grad is not None else torch.zeros_like(t) for t in ins])
-    for a, b in zip(*grads):
-        assert _rel_err(a, b) <= 1e-12
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            assert _rel_err(a, b) <= 1e-12
 
 
 # -- misuse -------------------------------------------------------------------------------------
@@ -406,7 +417,7 @@ def _bad_inputs():
 @pytest.mark.parametrize("case", _bad_inputs(), ids=lambda c: c[0])
 def test_bad_inputs_raise_clear_errors(form, case):
     _, args, kwargs, exc, pattern = case
-    name = "recurrent" if form is linear_attention.recurrent else "parallel"
+    name = getattr(form, "op_name", form.__name__)
     with pytest.raises(exc, match=pattern) as info:
         form(*args, **kwargs)
     assert str(info.value).startswith(f"linear_attention.{name}: ")  # says which operator
@@ -417,3 +428,10 @@ def test_keyword_only_options():
     for form in FORMS:
         with pytest.raises(TypeError):
             form(q, k, v, True)  # normalize must be named
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_chunked_refuses_a_bad_chunk_size(bad):
+    q, k, v, _, _ = _inputs(1, 1, 4, 2, 2, torch.float32, positive=True)
+    with pytest.raises(ValueError, match="linear_attention.chunked: chunk_size must be a positive int"):
+        linear_attention.chunked(q, k, v, chunk_size=bad)

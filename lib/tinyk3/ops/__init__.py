@@ -1,12 +1,13 @@
 """Sequence-mixing operators: pure functions in the layout ``[B, H, T, D]``.
 
-* :mod:`tinyk3.ops.linear_attention` - ``recurrent`` and ``parallel`` (chapter 3)
+* :mod:`tinyk3.ops.linear_attention` - ``recurrent``, ``parallel`` (chapter 3), ``chunked`` (chapter 6)
 * :mod:`tinyk3.ops.feature_maps` - φ for linear attention (chapter 3)
-* :mod:`tinyk3.ops.delta_rule` - ``recurrent`` (chapter 5)
+* :mod:`tinyk3.ops.delta_rule` - ``recurrent``, ``parallel`` (chapter 5), ``chunked`` (chapter 8)
+* :mod:`tinyk3.ops.wy` - the WY representation and the UT transform (chapter 7)
 
 No operator scales or normalises q and k itself; the layers in :mod:`tinyk3.layers` do.
 """
 
-from . import delta_rule, feature_maps, linear_attention
+from . import delta_rule, feature_maps, linear_attention, wy
 
-__all__ = ["linear_attention", "delta_rule", "feature_maps"]
+__all__ = ["linear_attention", "delta_rule", "feature_maps", "wy"]

@@ -25,7 +25,7 @@ import torch
 
 from ._checks import check_beta, check_qkv, check_state
 
-__all__ = ["recurrent", "parallel"]
+__all__ = ["recurrent", "parallel", "chunked"]
 
 
 def recurrent(
@@ -101,4 +101,56 @@ def parallel(
     scores = (q @ k.transpose(-1, -2)).tril()  # Q Kᵀ ⊙ M                            [B, H, T, T]
     o = q @ S0 + scores @ U  # [B, H, T, Dv]
     S = S0 + k.transpose(-1, -2) @ U  # [B, H, Dk, Dv]
+    return o.to(out_dtype), S
+
+
+def chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunkwise DeltaNet (chapter 8; Yang et al., 2024). Same contract as :func:`recurrent`.
+
+    Per chunk of ``C`` tokens, with the UT transform ``T_c`` and the WY factors
+    ``W_c = T_c K_c``, ``U_c = T_c V_c`` (:mod:`tinyk3.ops.wy`; they do not depend on the state,
+    so all chunks get theirs at once), then one sequential pass over the chunks:
+
+        U'_c    = U_c − W_c S_c                     (the deltas, given the state so far)
+        O_c     = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c      (M: j ≤ i)
+        S_{c+1} = S_c + K_cᵀ U'_c
+
+    Only this pass is sequential; everything in it is a matrix product. ``C = T`` is
+    :func:`parallel`, ``C = 1`` the recurrence. Any ``T`` (the last chunk is zero-padded:
+    padded tokens have ``k = 0, β = 0`` and change nothing). Differentiable.
+    """
+    from .linear_attention import _check_chunk_size, _to_chunks
+    from .wy import ut_transform
+
+    op = "delta_rule.chunked"
+    B, H, T, Dk, Dv = check_qkv(q, k, v, op)
+    check_beta(beta, B, H, T, q, op)
+    C = _check_chunk_size(chunk_size, op)
+    acc, out_dtype = torch.promote_types(q.dtype, torch.float32), v.dtype
+    if initial_state is None:
+        S = q.new_zeros(B, H, Dk, Dv, dtype=acc)
+    else:
+        check_state(initial_state, (B, H, Dk, Dv), q, op, "initial_state")
+        S = initial_state.to(acc)
+    Qc, Kc, Vc = (_to_chunks(t.to(acc), C) for t in (q, k, v))  # [B, H, N, C, D]
+    bc = _to_chunks(beta.to(acc).unsqueeze(-1), C).squeeze(-1)  # [B, H, N, C]
+    Tm = ut_transform(Kc, bc)  # (I + tril(diag(β) K Kᵀ, −1))⁻¹ diag(β)     [B, H, N, C, C]
+    W, U = Tm @ Kc, Tm @ Vc  # WY factors of every chunk        [B, H, N, C, Dk], [B, H, N, C, Dv]
+    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    scores = (Qc @ Kc.transpose(-1, -2)).masked_fill(~mask, 0.0)  # Q_c K_cᵀ ⊙ M  [B, H, N, C, C]
+    outs = []
+    for c in range(Qc.shape[2]):  # the sequential state pass
+        u = U[:, :, c] - W[:, :, c] @ S  # U'_c = U_c − W_c S_c             [B, H, C, Dv]
+        outs.append(Qc[:, :, c] @ S + scores[:, :, c] @ u)  # O_c           [B, H, C, Dv]
+        S = S + Kc[:, :, c].transpose(-1, -2) @ u  # S_{c+1} = S_c + K_cᵀ U'_c   [B, H, Dk, Dv]
+    o = torch.stack(outs, dim=2).reshape(B, H, -1, Dv)[:, :, :T] if outs else v.new_zeros(
+        B, H, 0, Dv, dtype=acc)
     return o.to(out_dtype), S

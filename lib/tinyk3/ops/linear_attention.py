@@ -23,7 +23,7 @@ import torch
 
 from ._checks import check_qkv, check_state
 
-__all__ = ["recurrent", "parallel"]
+__all__ = ["recurrent", "parallel", "chunked"]
 
 
 def _initial(initial_state, normalize, B, H, Dk, Dv, like, op):
@@ -102,4 +102,66 @@ def parallel(
         o = o / (denom + eps)
         z = z0 + k.sum(dim=2)
         return o.to(out_dtype), (S, z)
+    return o.to(out_dtype), S
+
+
+def _check_chunk_size(chunk_size, op: str) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{op}: chunk_size must be a positive int, got {chunk_size!r}")
+    return chunk_size
+
+
+def _to_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+    """``[B, H, T, D]`` → ``[B, H, N, C, D]``, zero-padding the last chunk (``N = ⌈T / C⌉``)."""
+    B, H, T, D = x.shape
+    pad = (-T) % C
+    if pad:
+        x = torch.cat([x, x.new_zeros(B, H, pad, D)], dim=2)
+    return x.view(B, H, (T + pad) // C, C, D)
+
+
+def chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    chunk_size: int = 64,
+    normalize: bool = False,
+    initial_state=None,
+    eps: float = 1e-6,
+):
+    """Chunkwise form (chapter 6): quadratic attention inside chunks of ``C`` tokens, the state
+    across them. Same contract as :func:`recurrent`; any ``T`` (the last chunk may be short).
+
+    For chunk ``c`` with rows ``Q_c, K_c, V_c`` and the state ``S_c`` left by the chunks before:
+
+        O_c     = Q_c S_c + (Q_c K_cᵀ ⊙ M) V_c        (inter-chunk + intra-chunk)
+        S_{c+1} = S_c + K_cᵀ V_c
+
+    The states ``S_c`` are an exclusive prefix sum of the per-chunk ``K_cᵀ V_c``, so every chunk
+    is computed at once: ``O(T C D + T D²)`` work in matrix products. ``C = 1`` is the
+    recurrence, ``C ≥ T`` the parallel form.
+    """
+    op = "linear_attention.chunked"
+    B, H, T, Dk, Dv = check_qkv(q, k, v, op)
+    C = _check_chunk_size(chunk_size, op)
+    S0, z0 = _initial(initial_state, normalize, B, H, Dk, Dv, q, op)
+    acc, out_dtype = S0.dtype, v.dtype
+    Qc, Kc, Vc = (_to_chunks(t.to(acc), C) for t in (q, k, v))  # [B, H, N, C, D]
+    kv = Kc.transpose(-1, -2) @ Vc  # K_cᵀ V_c per chunk                 [B, H, N, Dk, Dv]
+    S_all = torch.cat([S0.unsqueeze(2), S0.unsqueeze(2) + kv.cumsum(dim=2)], dim=2)  # [B, H, N+1, Dk, Dv]
+    S_before = S_all[:, :, :-1]  # the state each chunk starts from        [B, H, N, Dk, Dv]
+    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # M: j ≤ i
+    scores = (Qc @ Kc.transpose(-1, -2)).masked_fill(~mask, 0.0)  # Q_c K_cᵀ ⊙ M  [B, H, N, C, C]
+    o = Qc @ S_before + scores @ Vc  # [B, H, N, C, Dv]
+    S = S_all[:, :, -1]  # [B, H, Dk, Dv]
+    if normalize:
+        kz = Kc.sum(dim=3)  # Σ of each chunk's keys                         [B, H, N, Dk]
+        z_all = torch.cat([z0.unsqueeze(2), z0.unsqueeze(2) + kz.cumsum(dim=2)], dim=2)
+        z_before = z_all[:, :, :-1]  # [B, H, N, Dk]
+        denom = (Qc @ z_before.unsqueeze(-1)) + scores.sum(-1, keepdim=True)  # q_t · z_t [B, H, N, C, 1]
+        o = o / (denom + eps)
+    o = o.reshape(B, H, -1, Dv)[:, :, :T]  # drop the padding              [B, H, T, Dv]
+    if normalize:
+        return o.to(out_dtype), (S, z_all[:, :, -1])
     return o.to(out_dtype), S
