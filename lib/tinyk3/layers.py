@@ -266,8 +266,9 @@ class DeltaNet(_Mixer):
 
         S_t = S_{t-1} + k_tᵀ β_t (v_t − k_t S_{t-1}),   o_t = q_t S_t
 
-    State: ``S: [B, H, D, D]``, fixed size. With ‖k_t‖ = 1 and β_t ∈ (0, 1) every write
-    is a contraction, so the state stays bounded however long the sequence.
+    State: ``S: [B, H, D, D]``, fixed size. With ‖k_t‖ = 1 and β_t ∈ (0, 1) the transition
+    ``I − β_t k_tᵀ k_t`` has eigenvalues 1 (D − 1 times) and 1 − β_t ∈ (0, 1): it never
+    expands the state, so the state cannot blow up the way it does with raw keys (chapter 5).
 
     ``conv_size`` adds fla's short causal convolution on q, k, v; fla's layer also
     RMS-normalises each head's output (chapter 12).

@@ -1,0 +1,227 @@
+"""Chapter 5's exercises against wrong answers written by hand, the way a learner would write
+them (independent of the registered Mistake functions), and against correct variants.
+
+Each wrong answer names the registered mistake the checker should recognise, or None where no
+registered mistake explains the bug (then the exercise's general hint must be shown).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tinyk3 import checks
+from tinyk3.ops import delta_rule
+
+
+def _assert_failed(result, mistake):
+    assert result.status == "failed", result.report
+    assert not result
+    assert result.mistake == mistake, result.report
+    assert 0 <= result.n_passed < result.n_cases
+    assert "Hint: " in result.report
+
+
+# -- delta_rule.step ----------------------------------------------------------------------------
+
+def ds_adds_the_value(S, k, v, beta):
+    write = beta[..., None] * v  # [B, H, Dv]
+    return S + k.unsqueeze(-1) @ write.unsqueeze(-2)  # just a fast-weight write, no erase
+
+
+def ds_minus(S, k, v, beta):
+    v_old = (k.unsqueeze(-1) * S).sum(dim=-2)  # k S
+    return S - torch.einsum("bhk,bhv->bhkv", k, beta.unsqueeze(-1) * (v - v_old))
+
+
+def ds_beta_on_new_value(S, k, v, beta):
+    v_old = (k.unsqueeze(-1) * S).sum(dim=-2)
+    delta = beta.unsqueeze(-1) * v - v_old  # "write β v, erase the old value"
+    return S + torch.einsum("bhk,bhv->bhkv", k, delta)
+
+
+def ds_forgets_beta(S, k, v, beta):
+    v_old = torch.einsum("bhk,bhkv->bhv", k, S)
+    return S + torch.einsum("bhk,bhv->bhkv", k, v - v_old)
+
+
+def ds_returns_delta(S, k, v, beta):
+    v_old = torch.einsum("bhk,bhkv->bhv", k, S)
+    return torch.einsum("bhk,bhv->bhkv", k, beta[..., None] * (v - v_old))
+
+
+def ds_normalises(S, k, v, beta):
+    k = F.normalize(k, dim=-1)  # "DeltaNet uses unit keys"
+    v_old = torch.einsum("bhk,bhkv->bhv", k, S)
+    return S + torch.einsum("bhk,bhv->bhkv", k, beta[..., None] * (v - v_old))
+
+
+def ds_papers_read(S, k, v, beta):
+    v_old = (S @ k.unsqueeze(-1)).squeeze(-1)  # S k, as in the papers (only runs if Dk == Dv)
+    return S + k.unsqueeze(-1) * (beta.unsqueeze(-1) * (v - v_old)).unsqueeze(-2)
+
+
+def ds_outer_the_wrong_way(S, k, v, beta):
+    v_old = torch.einsum("bhk,bhkv->bhv", k, S)
+    u = beta[..., None] * (v - v_old)
+    return S + u.unsqueeze(-1) * k.unsqueeze(-2)  # uᵀ k: [Dv, Dk], runs only when Dk == Dv
+
+
+def ds_ok_loop(S, k, v, beta):
+    S = S.clone()
+    B, H = beta.shape
+    for b in range(B):
+        for h in range(H):
+            v_old = k[b, h] @ S[b, h]  # [Dv]
+            S[b, h] = S[b, h] + torch.outer(k[b, h], beta[b, h] * (v[b, h] - v_old))
+    return S
+
+
+def ds_ok_matmul(S, k, v, beta):
+    k_row = k.unsqueeze(-2)  # [B, H, 1, Dk]
+    u = beta[..., None, None] * (v.unsqueeze(-2) - k_row @ S)  # [B, H, 1, Dv]
+    return S + k_row.transpose(-1, -2) @ u
+
+
+def ds_ok_projection_form(S, k, v, beta):
+    eye = torch.eye(k.shape[-1], dtype=k.dtype)
+    kk = k.unsqueeze(-1) * k.unsqueeze(-2)  # kᵀ k   [B, H, Dk, Dk]
+    b = beta[..., None, None]
+    return (eye - b * kk) @ S + b * (k.unsqueeze(-1) * v.unsqueeze(-2))
+
+
+# -- delta_rule.loop -----------------------------------------------------------------------------
+
+def dl_one_read_for_the_block(q, k, v, beta, initial_state):
+    S = initial_state
+    v_old = k @ S  # read the board at every key at once
+    u = beta.unsqueeze(-1) * (v - v_old)
+    S = S + k.transpose(-1, -2) @ u
+    return q @ S, S
+
+
+def dl_reads_before_writing(q, k, v, beta, initial_state):
+    S, outs = initial_state, []
+    for t in range(q.shape[2]):
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))  # read first
+        v_old = torch.einsum("bhk,bhkv->bhv", k[:, :, t], S)
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, :, t], beta[:, :, t, None] * (v[:, :, t] - v_old))
+    return torch.stack(outs, dim=2), S
+
+
+def dl_linear_attention(q, k, v, beta, initial_state):
+    S, outs = initial_state, []
+    for t in range(q.shape[2]):
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, :, t], beta[:, :, t, None] * v[:, :, t])
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+    return torch.stack(outs, dim=2), S
+
+
+def dl_starts_from_zero(q, k, v, beta, initial_state):
+    S = torch.zeros_like(initial_state)
+    outs = []
+    for t in range(q.shape[2]):
+        v_old = torch.einsum("bhk,bhkv->bhv", k[:, :, t], S)
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, :, t], beta[:, :, t, None] * (v[:, :, t] - v_old))
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+    return torch.stack(outs, dim=2), S
+
+
+def dl_float32_state(q, k, v, beta, initial_state):
+    S = initial_state.float()  # the state "in float32 for speed", whatever the inputs
+    outs = []
+    for t in range(q.shape[2]):
+        k_t = k[:, :, t].float()
+        v_old = torch.einsum("bhk,bhkv->bhv", k_t, S)
+        S = S + torch.einsum("bhk,bhv->bhkv", k_t, beta[:, :, t, None].float() * (v[:, :, t].float() - v_old))
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t].float(), S).to(v.dtype))
+    return torch.stack(outs, dim=2), S
+
+
+def dl_ok_loop(q, k, v, beta, initial_state):
+    S, outs = initial_state.clone(), []
+    for t in range(q.shape[2]):
+        k_t = k[:, :, t].unsqueeze(-2)  # [B, H, 1, Dk]
+        u = beta[:, :, t, None, None] * (v[:, :, t].unsqueeze(-2) - k_t @ S)  # [B, H, 1, Dv]
+        S = S + k_t.transpose(-1, -2) @ u
+        outs.append(q[:, :, t].unsqueeze(-2) @ S)  # [B, H, 1, Dv]
+    return torch.cat(outs, dim=2), S
+
+
+def dl_ok_parallel(q, k, v, beta, initial_state):
+    return delta_rule.parallel(q, k, v, beta, initial_state=initial_state)
+
+
+REALISTIC = [
+    ("delta_rule.step", ds_adds_the_value, "no_erase"),
+    ("delta_rule.step", ds_minus, "sign_flipped"),
+    ("delta_rule.step", ds_beta_on_new_value, "beta_on_v_only"),
+    ("delta_rule.step", ds_forgets_beta, "no_beta"),
+    ("delta_rule.step", ds_returns_delta, "returns_update"),
+    ("delta_rule.step", ds_normalises, "normalizes_key"),
+    ("delta_rule.step", ds_papers_read, "transposed_read"),
+    ("delta_rule.step", ds_outer_the_wrong_way, None),
+    ("delta_rule.loop", dl_one_read_for_the_block, "state_read_once"),
+    ("delta_rule.loop", dl_reads_before_writing, "output_before_update"),
+    ("delta_rule.loop", dl_linear_attention, "additive"),
+    ("delta_rule.loop", dl_starts_from_zero, "ignores_initial_state"),
+]
+
+CORRECT = [
+    ("delta_rule.step", ds_ok_loop),
+    ("delta_rule.step", ds_ok_matmul),
+    ("delta_rule.step", ds_ok_projection_form),
+    ("delta_rule.loop", dl_ok_loop),
+    ("delta_rule.loop", dl_ok_parallel),
+]
+
+
+@pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
+                         ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
+def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
+    result = checks.run(exercise_id, fn)
+    _assert_failed(result, mistake)
+    out = capsys.readouterr().out
+    ex = checks.EXERCISES[exercise_id]
+    hint = next(m.hint for m in ex.mistakes if m.name == mistake) if mistake else ex.hint
+    assert f"Hint: {hint}" in out
+    assert f"First failure: case {result.failed_case}" in out
+
+
+def test_every_chapter_5_exercise_has_two_hand_written_wrong_answers():
+    ids = sorted(e.id for e in checks.EXERCISES.values() if e.chapter == 5)
+    assert ids == ["delta_rule.loop", "delta_rule.step"]
+    for exercise_id in ids:
+        named = {m for e, _, m in REALISTIC if e == exercise_id} - {None}
+        assert len(named) >= 2, exercise_id
+
+
+@pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{f.__name__}" for e, f in CORRECT])
+def test_realistic_correct_answer_passes(exercise_id, fn):
+    result = checks.run(exercise_id, fn, verbose=False)
+    assert result, result.report
+    assert result.n_passed == result.n_cases
+
+
+def test_the_posts_block_update_passes_only_the_single_token_case():
+    """Reading the state once is exact for one token (decoding) and wrong for every block."""
+    result = checks.run("delta_rule.loop", dl_one_read_for_the_block, verbose=False)
+    _assert_failed(result, "state_read_once")
+    cases = checks.EXERCISES["delta_rule.loop"].cases()
+    assert [c.args[0].shape[2] for c in cases].count(1) == 1
+    assert result.n_passed == 1 and result.failed_case == 1
+
+
+def test_a_float32_state_fails_only_the_float64_case():
+    result = checks.run("delta_rule.loop", dl_float32_state, verbose=False)
+    _assert_failed(result, None)
+    assert result.n_passed == result.n_cases - 1 == result.failed_case - 1
+    assert "wrong dtype: expected torch.float64, got torch.float32" in result.report
+
+
+def test_the_papers_read_crashes_only_where_dk_differs_from_dv():
+    """S k sums over Dv: it runs on square states (and is wrong there) and raises elsewhere."""
+    result = checks.run("delta_rule.step", ds_papers_read, verbose=False)
+    assert result.mistake == "transposed_read"
+    assert "raised RuntimeError" in result.report
