@@ -1,0 +1,119 @@
+"""Cost models: floating-point operations of the sequence-mixing forms, counted from the code.
+
+Convention: a matrix product ``[m, k] @ [k, n]`` costs ``2·m·k·n`` flops (one multiply and one
+add per term), the convention of ``tinyk3.bench.matmul_flops`` and of FLOP/s figures, and of
+``torch.utils.flop_counter``. Counts are per head; multiply by ``B·H`` for a layer.
+
+Chunked linear attention (chapter 6), for chunk ``c`` with ``C`` rows ``Q_c, K_c, V_c``:
+
+    O_c     = Q_c S_c + (Q_c K_cᵀ ⊙ M) V_c
+    S_{c+1} = S_c + K_cᵀ V_c
+
+splits into
+
+* **state** work, ``Q_c S_c`` and ``K_cᵀ V_c``: ``2·C·Dk·Dv`` each, ``4·T·Dk·Dv`` over the sequence
+  (independent of ``C``);
+* **diagonal** blocks, ``Q_c K_cᵀ`` (``2·C²·Dk``) and ``(…) V_c`` (``2·C²·Dv``): ``2·T·C·(Dk + Dv)``,
+  counted dense (PyTorch multiplies the masked half too);
+* the **scan** that turns the per-chunk ``K_cᵀ V_c`` into every chunk's starting state: one
+  ``Dk × Dv`` addition per chunk.
+
+For ``Dk = Dv = D`` and ``T`` a multiple of ``C`` that is ``4TD² + 4TCD`` matmul flops (FACTS.md)
+plus ``TD²/C`` additions. :func:`tinyk3.ops.linear_attention.chunked` pads the last chunk to ``C``
+rows, so it does ``⌈T/C⌉`` chunks of full work; the counts here are of that work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "FlopCount",
+    "matmul",
+    "n_chunks",
+    "chunked_linear_attention_flops",
+    "recurrent_linear_attention_flops",
+    "parallel_linear_attention_flops",
+]
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """Flops of one head, split by where they are spent.
+
+    ``state``: products with the ``Dk × Dv`` state (reading it, writing into it);
+    ``diagonal``: the ``C × C`` score blocks on the diagonal of the attention matrix and their
+    product with the values; ``scan``: additions that carry the state from chunk to chunk;
+    ``sequential_steps``: how many steps must run one after another (the rest is parallel).
+    """
+
+    state: int
+    diagonal: int
+    scan: int
+    sequential_steps: int
+
+    @property
+    def matmul(self) -> int:
+        """Flops in matrix products: ``state + diagonal``."""
+        return self.state + self.diagonal
+
+    @property
+    def total(self) -> int:
+        return self.state + self.diagonal + self.scan
+
+
+def _positive_int(x, name: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+        raise ValueError(f"{name} must be a positive int, got {x!r}")
+    return x
+
+
+def matmul(m: int, k: int, n: int) -> int:
+    """Flops of ``[m, k] @ [k, n]``: ``2·m·k·n``."""
+    return 2 * m * k * n
+
+
+def n_chunks(T: int, C: int) -> int:
+    """Chunks of ``C`` tokens that cover ``T`` tokens: ``⌈T / C⌉`` (the last may be short)."""
+    return -(-_positive_int(T, "T") // _positive_int(C, "C"))
+
+
+def chunked_linear_attention_flops(T: int, D: int, C: int, *, Dv: int | None = None) -> FlopCount:
+    """Flops of :func:`tinyk3.ops.linear_attention.chunked` per head (``D`` = ``Dk``), without the
+    normaliser: ``⌈T/C⌉`` chunks of ``C`` rows (the last one zero-padded), each doing
+    ``Q_c S_c`` and ``K_cᵀ V_c`` (state), ``Q_c K_cᵀ`` and ``(…) V_c`` (diagonal), and one
+    ``Dk × Dv`` addition of the scan. ``C = 1`` is the recurrence, ``C ≥ T`` one quadratic block.
+    """
+    Dk = _positive_int(D, "D")
+    Dv = Dk if Dv is None else _positive_int(Dv, "Dv")
+    N = n_chunks(T, C)
+    state = N * (matmul(C, Dk, Dv) + matmul(Dk, C, Dv))  # Q_c S_c, K_cᵀ V_c
+    diagonal = N * (matmul(C, Dk, C) + matmul(C, C, Dv))  # Q_c K_cᵀ, (Q_c K_cᵀ ⊙ M) V_c
+    return FlopCount(state=state, diagonal=diagonal, scan=N * Dk * Dv, sequential_steps=N)
+
+
+def recurrent_linear_attention_flops(T: int, D: int, *, Dv: int | None = None) -> FlopCount:
+    """Flops of the token loop (:func:`tinyk3.ops.linear_attention.recurrent`) per head, without
+    the normaliser: per token the write ``S += k_tᵀ v_t`` (a multiply and an add per entry,
+    ``2·Dk·Dv``) and the read ``q_t S_t`` (``2·Dk·Dv``). All of it is state work, in ``T``
+    sequential steps.
+    """
+    T = _positive_int(T, "T")
+    Dk = _positive_int(D, "D")
+    Dv = Dk if Dv is None else _positive_int(Dv, "Dv")
+    return FlopCount(state=T * 4 * Dk * Dv, diagonal=0, scan=0, sequential_steps=T)
+
+
+def parallel_linear_attention_flops(T: int, D: int, *, Dv: int | None = None) -> FlopCount:
+    """Flops of the masked quadratic form (:func:`tinyk3.ops.linear_attention.parallel`) per head,
+    without the normaliser: ``Q Kᵀ`` and ``(Q Kᵀ ⊙ M) V``, dense (``2·T²·(Dk + Dv)``), plus the
+    state work ``Q S_0`` and ``S_T = S_0 + Kᵀ V`` (``4·T·Dk·Dv``), which a model that needs no
+    initial or final state could skip. One step: nothing is sequential. Equals
+    :func:`chunked_linear_attention_flops` at ``C = T`` but for the one scan addition.
+    """
+    T = _positive_int(T, "T")
+    Dk = _positive_int(D, "D")
+    Dv = Dk if Dv is None else _positive_int(Dv, "Dv")
+    state = matmul(T, Dk, Dv) + matmul(Dk, T, Dv)
+    diagonal = matmul(T, Dk, T) + matmul(T, T, Dv)
+    return FlopCount(state=state, diagonal=diagonal, scan=0, sequential_steps=1)
