@@ -39,3 +39,23 @@ def test_time_fn_returns_the_median():
     calls = []
     seconds = bench.time_fn(lambda: calls.append(1), repeats=5, warmup=2)
     assert len(calls) == 7 and seconds >= 0
+
+
+def test_fla_rows_are_optional(monkeypatch, capsys):
+    """--fla without flash-linear-attention installed: a message, and no fla rows."""
+    monkeypatch.setattr(bench, "fla_chunkwise", lambda: None)
+    rows = bench.bench_delta_rule((32,), B=1, H=1, D=8, chunk_sizes=(16,), repeats=1, fla=True)
+    assert "fla (flash-linear-attention) is not installed" in capsys.readouterr().out
+    assert {r["form"] for r in rows} == {"recurrent", "chunked"}
+
+
+def test_fla_rows_when_a_chunkwise_function_is_available(monkeypatch):
+    """With an fla function (a stand-in here), one fla_naive row per chunk size that divides T."""
+    from tinyk3.ops import delta_rule
+
+    def stand_in(q, k, v, beta, chunk_size=32):
+        return delta_rule.chunked(q, k, v, beta, chunk_size=chunk_size)
+
+    monkeypatch.setattr(bench, "fla_chunkwise", lambda: stand_in)
+    rows = bench.bench_delta_rule((48,), B=1, H=1, D=8, chunk_sizes=(16, 32), repeats=1, fla=True)
+    assert {(r["form"], r["C"]) for r in rows if r["form"] == "fla_naive"} == {("fla_naive", 16)}

@@ -6,10 +6,14 @@ written records the hardware, the versions and the git commit it was measured at
     python -m tinyk3.bench delta_rule --T 1024 4096 --csv out.csv --plot out.png
     python -m tinyk3.bench matmul
 
-Forms timed for the delta rule: the token loop (``recurrent``), the chunked PyTorch form
-(``chunked``, several chunk sizes) and, for short sequences, the one-block ``parallel`` form.
-The matmul benchmark gives the machine's reachable FLOP/s, so the chunked form's FLOP rate can
-be read as a fraction of it (chapter 8).
+Forms timed for the delta rule: the token loop (``recurrent``, up to ``--loop-max-T``) and
+the chunked PyTorch form (``chunked``, several chunk sizes); with ``--fla``, also the reference
+chunked code of flash-linear-attention (``fla.ops.delta_rule.naive.delta_rule_chunkwise``,
+form ``fla_naive``), when fla is installed (it is optional: without it the rows are skipped
+with a message). The matmul benchmark gives the machine's reachable FLOP/s, measured in the
+same run, so the chunked form's FLOP rate can be read as a fraction of it (chapter 8).
+
+    python -m tinyk3.bench delta_rule --T 4096 --C 32 64 128 --fla --csv out.csv
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["environment", "time_fn", "matmul_flops", "delta_rule_flops", "bench_delta_rule", "main"]
+__all__ = ["environment", "time_fn", "matmul_flops", "delta_rule_flops", "fla_chunkwise", "bench_delta_rule",
+           "main"]
 
 
 def environment() -> dict:
@@ -86,11 +91,29 @@ def delta_rule_flops(T: int, Dk: int, Dv: int, C: int) -> float:
     return n_chunks * per_chunk
 
 
+def fla_chunkwise():
+    """fla's reference chunked delta rule (``delta_rule_chunkwise(q, k, v, beta, chunk_size)``),
+    or ``None`` when flash-linear-attention is not installed. It scales ``q`` by ``Dk^-0.5``
+    and needs ``T`` to be a multiple of the chunk size; neither changes its speed."""
+    try:
+        from fla.ops.delta_rule.naive import delta_rule_chunkwise
+    except Exception:  # not installed, or its import fails (it needs triton)
+        return None
+    return delta_rule_chunkwise
+
+
 def bench_delta_rule(Ts=(256, 1024, 4096), *, B=1, H=4, D=64, chunk_sizes=(16, 32, 64, 128),
-                     loop_max_T=1024, repeats=3, dtype=torch.float32) -> list[dict]:
-    """Time the delta-rule forms; returns one row per (form, T, C)."""
+                     loop_max_T=1024, repeats=3, dtype=torch.float32, fla=False) -> list[dict]:
+    """Time the delta-rule forms; returns one row per (form, T, C).
+
+    ``fla=True`` adds fla's reference chunked code (form ``fla_naive``) where fla is installed
+    and ``C`` divides ``T``; without fla a message is printed and those rows are skipped.
+    """
     from .ops import delta_rule
 
+    fla_fn = fla_chunkwise() if fla else None
+    if fla and fla_fn is None:
+        print("# fla (flash-linear-attention) is not installed: skipping the fla_naive rows")
     rows = []
     for T in Ts:
         g = torch.Generator().manual_seed(T)
@@ -99,14 +122,18 @@ def bench_delta_rule(Ts=(256, 1024, 4096), *, B=1, H=4, D=64, chunk_sizes=(16, 3
         beta = torch.rand(B, H, T, generator=g, dtype=dtype)
         forms = [("recurrent", 1)] if T <= loop_max_T else []
         forms += [("chunked", C) for C in chunk_sizes]
+        if fla_fn is not None:
+            forms += [("fla_naive", C) for C in chunk_sizes if T % C == 0]
         with torch.no_grad():
             for name, C in forms:
                 if name == "recurrent":
                     seconds = time_fn(lambda: delta_rule.recurrent(q, k, v, beta), repeats=repeats)  # noqa: B023
+                elif name == "fla_naive":
+                    seconds = time_fn(lambda: fla_fn(q, k, v, beta, chunk_size=C), repeats=repeats)  # noqa: B023
                 else:
                     seconds = time_fn(lambda: delta_rule.chunked(q, k, v, beta, chunk_size=C),  # noqa: B023
                                       repeats=repeats)
-                flops = B * H * delta_rule_flops(T, D, D, C) if name == "chunked" else 0.0
+                flops = B * H * delta_rule_flops(T, D, D, C) if name != "recurrent" else 0.0
                 rows.append({"form": name, "T": T, "C": C, "B": B, "H": H, "D": D, "seconds": seconds,
                              "tokens_per_s": B * T / seconds, "gflops_per_s": flops / seconds / 1e9})
     return rows
@@ -166,6 +193,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS or 1)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--loop-max-T", type=int, default=1024, help="time the token loop up to this T")
+    ap.add_argument("--fla", action="store_true",
+                    help="also time fla's reference chunked code (skipped if fla is not installed)")
     ap.add_argument("--csv")
     ap.add_argument("--json")
     ap.add_argument("--plot")
@@ -180,7 +209,12 @@ def main(argv=None) -> None:
         _print_table(rows, ["n", "gflops_per_s"])
     else:
         rows = bench_delta_rule(args.T, B=args.B, H=args.H, D=args.D, chunk_sizes=args.C,
-                                loop_max_T=args.loop_max_T, repeats=args.repeats)
+                                loop_max_T=args.loop_max_T, repeats=args.repeats, fla=args.fla)
+        # measured again after the forms, and the higher rate kept: on a shared machine a busy
+        # moment lowers one measurement, and a fraction of a rate that is too low flatters
+        after = matmul_flops()
+        print(f"# matmul 512x512 float32 after the delta-rule forms: {after / 1e9:.1f} GFLOP/s")
+        peak = max(peak, after)
         for r in rows:
             r["fraction_of_matmul"] = r["gflops_per_s"] * 1e9 / peak if r["gflops_per_s"] else 0.0
         keys = ["form", "T", "C", "seconds", "tokens_per_s", "gflops_per_s", "fraction_of_matmul"]

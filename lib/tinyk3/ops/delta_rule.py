@@ -115,20 +115,22 @@ def chunked(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunkwise DeltaNet (chapter 8; Yang et al., 2024). Same contract as :func:`recurrent`.
 
-    Per chunk of ``C`` tokens, with the UT transform ``T_c`` and the WY factors
-    ``W_c = T_c K_c``, ``U_c = T_c V_c`` (:mod:`tinyk3.ops.wy`; they do not depend on the state,
-    so all chunks get theirs at once), then one sequential pass over the chunks:
+    Per chunk of ``C`` tokens (rows ``Q_c, K_c, V_c``, write strengths ``β_c``):
 
-        U'_c    = U_c − W_c S_c                     (the deltas, given the state so far)
-        O_c     = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c      (M: j ≤ i)
+        T_c     = (I + tril(diag(β_c) K_c K_cᵀ, −1))⁻¹ diag(β_c)     (the UT transform, chapter 7)
+        W_c     = T_c K_c,   U_c = T_c V_c                           (the WY factors)
+        U'_c    = U_c − W_c S_c                (the deltas the tokens write, given the state)
+        O_c     = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c                      (M: j ≤ i)
         S_{c+1} = S_c + K_cᵀ U'_c
 
-    Only this pass is sequential; everything in it is a matrix product. ``C = T`` is
-    :func:`parallel`, ``C = 1`` the recurrence. Any ``T`` (the last chunk is zero-padded:
-    padded tokens have ``k = 0, β = 0`` and change nothing). Differentiable.
+    Four stages, as GPU kernels split the work (chapter 9): (1) ``T``, ``W``, ``U``
+    (:func:`_wy_stage`) and (2) the scores ``Q_c K_cᵀ ⊙ M`` of every chunk at once; (3) the
+    sequential state pass, which keeps only ``U'_c`` and ``S_c`` (two matrix products per chunk,
+    :func:`_state_pass`); (4) every chunk's output at once from the recorded ``S_c`` and ``U'_c``.
+    ``C = T`` is :func:`parallel`, ``C = 1`` the recurrence. Any ``T`` (the last chunk is
+    zero-padded: padded tokens have ``k = 0, β = 0`` and change nothing). Differentiable.
     """
     from .linear_attention import _check_chunk_size, _to_chunks
-    from .wy import ut_transform
 
     op = "delta_rule.chunked"
     B, H, T, Dk, Dv = check_qkv(q, k, v, op)
@@ -136,21 +138,61 @@ def chunked(
     C = _check_chunk_size(chunk_size, op)
     acc, out_dtype = torch.promote_types(q.dtype, torch.float32), v.dtype
     if initial_state is None:
-        S = q.new_zeros(B, H, Dk, Dv, dtype=acc)
+        S = q.new_zeros(B * H, Dk, Dv, dtype=acc)
     else:
         check_state(initial_state, (B, H, Dk, Dv), q, op, "initial_state")
-        S = initial_state.to(acc)
-    Qc, Kc, Vc = (_to_chunks(t.to(acc), C) for t in (q, k, v))  # [B, H, N, C, D]
-    bc = _to_chunks(beta.to(acc).unsqueeze(-1), C).squeeze(-1)  # [B, H, N, C]
-    Tm = ut_transform(Kc, bc)  # (I + tril(diag(β) K Kᵀ, −1))⁻¹ diag(β)     [B, H, N, C, C]
-    W, U = Tm @ Kc, Tm @ Vc  # WY factors of every chunk        [B, H, N, C, Dk], [B, H, N, C, Dv]
-    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    scores = (Qc @ Kc.transpose(-1, -2)).masked_fill(~mask, 0.0)  # Q_c K_cᵀ ⊙ M  [B, H, N, C, C]
-    outs = []
-    for c in range(Qc.shape[2]):  # the sequential state pass
-        u = U[:, :, c] - W[:, :, c] @ S  # U'_c = U_c − W_c S_c             [B, H, C, Dv]
-        outs.append(Qc[:, :, c] @ S + scores[:, :, c] @ u)  # O_c           [B, H, C, Dv]
-        S = S + Kc[:, :, c].transpose(-1, -2) @ u  # S_{c+1} = S_c + K_cᵀ U'_c   [B, H, Dk, Dv]
-    o = torch.stack(outs, dim=2).reshape(B, H, -1, Dv)[:, :, :T] if outs else v.new_zeros(
-        B, H, 0, Dv, dtype=acc)
-    return o.to(out_dtype), S
+        S = initial_state.to(acc).reshape(B * H, Dk, Dv)
+    if T == 0:
+        return v.new_zeros(B, H, 0, Dv), S.view(B, H, Dk, Dv)
+    # [B, H, T, D] -> [B·H, N, C, D]: N = ⌈T / C⌉ chunks of C tokens, heads side by side
+    Q, K, V = (_to_chunks(t.to(acc), C).flatten(0, 1) for t in (q, k, v))
+    b = _to_chunks(beta.to(acc).unsqueeze(-1), C).flatten(0, 1)  # β_c as a column  [BH, N, C, 1]
+    Kt = K.transpose(-1, -2)  # K_cᵀ                                                [BH, N, Dk, C]
+
+    # (1) W_c = T_c K_c, U_c = T_c V_c, every chunk at once     [BH, N, C, Dk], [BH, N, C, Dv]
+    W, U = _wy_stage(K, V, b)
+    # (2) the scores inside every chunk
+    causal = torch.ones(C, C, dtype=acc, device=q.device).tril()  # M: j ≤ i
+    scores = (Q @ Kt) * causal  # Q_c K_cᵀ ⊙ M                                    [BH, N, C, C]
+    # (3) the sequential pass: every chunk's starting state S_c and deltas U'_c
+    S_all, U_new, S = _state_pass(W, U, Kt, S)  # [BH, N, Dk, Dv], [BH, N, C, Dv], [BH, Dk, Dv]
+    # (4) O_c = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c, every chunk at once
+    o = Q @ S_all + scores @ U_new  # [BH, N, C, Dv]
+    o = o.view(B, H, -1, Dv)[:, :, :T]  # [B, H, T, Dv]
+    return o.to(out_dtype), S.view(B, H, Dk, Dv)
+
+
+def _wy_stage(K: torch.Tensor, V: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1 of :func:`chunked`, for every chunk at once: the UT transform and the WY factors
+
+        T_c = (I + tril(diag(β_c) K_c K_cᵀ, −1))⁻¹ diag(β_c),   W_c = T_c K_c,   U_c = T_c V_c
+
+    ``K [..., C, Dk]``, ``V [..., C, Dv]``, ``b [..., C, 1]`` (β as a column). The triangular solve
+    reads only the strictly lower triangle of its matrix and takes its diagonal as ones
+    (``unitriangular``), so ``diag(β) K Kᵀ`` goes in unmasked, and the right-hand side
+    ``diag(β)`` gives ``A⁻¹ diag(β)`` directly. (:func:`tinyk3.ops.wy.wy_factors` computes the same.)
+    """
+    A = (b * K) @ K.transpose(-1, -2)  # diag(β) K Kᵀ; only its strictly lower part is read  [..., C, C]
+    T = torch.linalg.solve_triangular(A, torch.diag_embed(b.squeeze(-1)), upper=False, unitriangular=True)
+    return T @ K, T @ V
+
+
+def _state_pass(
+    W: torch.Tensor, U: torch.Tensor, Kt: torch.Tensor, S: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sequential stage of :func:`chunked`: for ``c = 0 .. N−1``
+
+        U'_c    = U_c − W_c S_c
+        S_{c+1} = S_c + K_cᵀ U'_c
+
+    Two batched matrix products per chunk (``torch.baddbmm``: ``input + α · batch1 @ batch2``).
+    ``W [BH, N, C, Dk]``, ``U [BH, N, C, Dv]``, ``Kt [BH, N, Dk, C]``, ``S [BH, Dk, Dv]`` (``S_0``).
+    Returns every ``S_c`` ``[BH, N, Dk, Dv]``, every ``U'_c`` ``[BH, N, C, Dv]`` and ``S_N``.
+    """
+    states, deltas = [], []
+    for c in range(W.shape[1]):
+        states.append(S)  # S_c
+        u = torch.baddbmm(U[:, c], W[:, c], S, alpha=-1)  # U'_c = U_c − W_c S_c       [BH, C, Dv]
+        deltas.append(u)
+        S = torch.baddbmm(S, Kt[:, c], u)  # S_{c+1} = S_c + K_cᵀ U'_c               [BH, Dk, Dv]
+    return torch.stack(states, dim=1), torch.stack(deltas, dim=1), S
