@@ -1,0 +1,244 @@
+"""Check tinyk3.kernels.delta_rule on a real GPU (chapter 9): the COMPILED kernels against the
+PyTorch chunked form (and fla's chunk_delta_rule, if installed), then timings.
+
+The test suite can only run the kernels under the Triton interpreter and compile them for
+sm_80 / sm_90 without running them; this script is the check that needs a GPU.
+
+    python tools/gpu_check_kernels.py                # correctness + timings on cuda:0
+    python tools/gpu_check_kernels.py --quick        # chunk size 64 only, one T for timings
+    python tools/gpu_check_kernels.py --sweep        # also time launch configs of the state pass
+    python tools/gpu_check_kernels.py --json out.json
+    python tools/gpu_check_kernels.py --device cpu   # smoke test of this script (interpreter, tiny)
+
+Needs torch with CUDA and triton (``pip install triton``); fla is optional
+(``pip install flash-linear-attention``). Exit status 1 if a correctness check fails.
+
+What it reports:
+1. errors of the kernel against ``tinyk3.ops.delta_rule.chunked`` run in float64 on the same
+   inputs, for float32 inputs with ``input_precision`` "ieee" (bound 1e-5: float32 round-off)
+   and "tf32" (bound 1e-2), and bfloat16/float16 inputs (default tf32; o is rounded to 8/11 bits:
+   bound 2e-2), fused and unfused, several chunk sizes, T not a multiple of C, Dk ≠ Dv, and a
+   head size that is not a power of two; gradients through the autograd.Function; fla's output
+   on the same inputs (``scale=1.0``: fla scales q by Dk^-0.5 by default; layout [B, T, H, D]).
+2. forward time (triton.testing.do_bench, median ms) of: the kernel (tf32 and ieee, fused and
+   not), the PyTorch chunked form, fla's chunk_delta_rule; and the share of each stage's kernel
+   in the kernel's time (torch.profiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))  # run from a checkout
+
+from tinyk3.kernels import AVAILABLE, REASON  # noqa: E402
+
+if not AVAILABLE:
+    sys.exit(f"tinyk3.kernels unavailable: {REASON}")
+
+import triton  # noqa: E402
+
+from tinyk3.kernels import delta_rule as kd  # noqa: E402
+from tinyk3.ops import delta_rule as ops  # noqa: E402
+
+try:  # fla-core 0.6: chunk_delta_rule(q, k, v, beta, scale, initial_state, output_final_state)
+    from fla.ops.delta_rule import chunk_delta_rule as fla_chunk_delta_rule
+except Exception:  # not installed, or broken on this machine
+    fla_chunk_delta_rule = None
+
+TOL = {("float32", "ieee"): (1e-5, 1e-5), ("float32", "tf32"): (1e-2, 1e-2),
+       ("bfloat16", "tf32"): (2e-2, 1e-2), ("float16", "tf32"): (2e-2, 1e-2)}
+
+
+def inputs(B, H, T, Dk, Dv, dtype, device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, H, T, Dk, generator=g)
+    k = torch.nn.functional.normalize(torch.randn(B, H, T, Dk, generator=g), dim=-1)
+    v = torch.randn(B, H, T, Dv, generator=g)
+    beta = torch.rand(B, H, T, generator=g)
+    S0 = torch.randn(B, H, Dk, Dv, generator=g)
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v, beta)] + [S0.to(device)]
+
+
+def rel_err(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).abs().max() / b.abs().max().clamp(min=1.0)).item()
+
+
+def correctness(device, quick):
+    big = (2, 4, 1000, 128, 128) if device == "cuda" else (1, 2, 70, 32, 32)
+    odd = (1, 2, 37, 20, 12)
+    cases = []  # (shape, C, dtype, precision, fuse)
+    for C in ((64,) if quick else (16, 32, 64)):
+        for shape in (big, odd):
+            for fuse in (False, True):
+                cases.append((shape, C, torch.float32, "ieee", fuse))
+    for fuse in (False, True):
+        cases.append((big, 64, torch.float32, "tf32", fuse))
+        cases.append((big, 64, torch.bfloat16, None, fuse))
+    cases.append((big, 64, torch.float16, None, False))
+    rows, ok = [], True
+    for shape, C, dtype, prec, fuse in cases:
+        q, k, v, beta, S0 = inputs(*shape, dtype, device)
+        o, S = kd.chunked(q, k, v, beta, chunk_size=C, initial_state=S0, input_precision=prec,
+                          fuse_output=fuse)
+        ro, rS = ops.chunked(*(t.double() for t in (q, k, v, beta)), chunk_size=C,
+                             initial_state=S0.double())
+        name = str(dtype).split(".")[1]
+        tol_o, tol_S = TOL[(name, prec or ("ieee" if dtype == torch.float32 else "tf32"))]
+        eo, eS = rel_err(o, ro), rel_err(S, rS)
+        passed = eo <= tol_o and eS <= tol_S
+        ok &= passed
+        row = dict(shape=shape, C=C, dtype=name, precision=prec or "default", fused=fuse,
+                   err_o=eo, err_S=eS, tol_o=tol_o, tol_S=tol_S, passed=passed)
+        rows.append(row)
+        print(f"  {str(shape):24} C={C:<3} {name:9} {row['precision']:8} fused={fuse!s:5} "
+              f"o {eo:.1e}  S {eS:.1e}  {'ok' if passed else 'FAIL'}")
+
+    # gradients: the backward recomputes with the PyTorch form, so they match it exactly
+    q, k, v, beta, S0 = inputs(1, 2, 37, 32, 32, torch.float32, device, seed=1)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, beta, S0)]
+    o, S = kd.chunked(*leaves[:4], chunk_size=16, initial_state=leaves[4])
+    (o.square().sum() + S.sum()).backward()
+    ref = [t.clone().requires_grad_() for t in (q, k, v, beta, S0)]
+    ro, rS = ops.chunked(*ref[:4], chunk_size=16, initial_state=ref[4])
+    (ro.square().sum() + rS.sum()).backward()
+    eg = max(rel_err(a.grad, b.grad) for a, b in zip(leaves, ref))
+    ok &= eg <= 1e-4
+    print(f"  gradients (q, k, v, beta, S0) vs PyTorch: {eg:.1e}  {'ok' if eg <= 1e-4 else 'FAIL'}")
+    rows.append(dict(check="gradients", err=eg, passed=eg <= 1e-4))
+
+    if fla_chunk_delta_rule is not None and device == "cuda":
+        q, k, v, beta, S0 = inputs(*big, torch.bfloat16, device, seed=2)
+        o, S = kd.chunked(q, k, v, beta, chunk_size=64, initial_state=S0)
+        fo, fS = fla_chunk_delta_rule(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                      beta.transpose(1, 2), scale=1.0, initial_state=S0,
+                                      output_final_state=True)
+        eo, eS = rel_err(fo.transpose(1, 2), o), rel_err(fS, S)
+        print(f"  fla chunk_delta_rule vs kernel (bf16): o {eo:.1e}  S {eS:.1e} (fla rounds its "
+              "intermediates to bf16: expect ~1e-2)")
+        rows.append(dict(check="fla", err_o=eo, err_S=eS))
+    return rows, ok
+
+
+def bench(fn, device):
+    if device == "cuda":
+        return triton.testing.do_bench(fn, warmup=25, rep=100)
+    import time
+
+    fn()
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def timings(device, quick, sweep):
+    B, H, D = (4, 16, 128) if device == "cuda" else (1, 2, 32)
+    Ts = ((4096,) if quick else (1024, 4096, 16384)) if device == "cuda" else (64,)
+    rows = []
+    for T in Ts:
+        q, k, v, beta, S0 = inputs(B, H, T, D, D, torch.bfloat16, device)
+        methods = forward_methods(q, k, v, beta, S0, device)
+        with torch.no_grad():
+            for name, fn in methods.items():
+                ms = bench(fn, device)
+                rows.append(dict(T=T, B=B, H=H, D=D, method=name, ms=ms, tokens_per_ms=B * T / ms))
+                print(f"  T={T:<6} {name:22} {ms:9.3f} ms   {B * T / ms:10.0f} tokens/ms")
+            if device == "cuda":
+                rows.append(stage_shares(methods["kernel tf32"], T))
+            if sweep and device == "cuda":
+                rows += sweep_state_pass(q, k, v, beta, S0, T)
+    return rows
+
+
+def forward_methods(q, k, v, beta, S0, device):
+    """The forwards to time, on the same bf16 inputs ([B, H, T, D]; fla gets [B, T, H, D])."""
+    methods = {
+        "kernel tf32": lambda: kd.chunked(q, k, v, beta, initial_state=S0, input_precision="tf32"),
+        "kernel tf32 fused": lambda: kd.chunked(q, k, v, beta, initial_state=S0,
+                                                input_precision="tf32", fuse_output=True),
+        "kernel ieee": lambda: kd.chunked(q, k, v, beta, initial_state=S0, input_precision="ieee"),
+        "pytorch chunked": lambda: ops.chunked(q, k, v, beta, initial_state=S0),
+    }
+    if fla_chunk_delta_rule is not None and device == "cuda":
+        qt, kt, vt, bt = (t.transpose(1, 2).contiguous() for t in (q, k, v, beta))
+        methods["fla chunk_delta_rule"] = lambda: fla_chunk_delta_rule(
+            qt, kt, vt, bt, scale=1.0, initial_state=S0, output_final_state=True)
+    return methods
+
+
+def stage_shares(fn, T):
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for ev in prof.key_averages():
+        for stage in ("_wy_kernel", "_state_kernel", "_output_kernel"):
+            if stage in ev.key:
+                times[stage] = times.get(stage, 0.0) + getattr(ev, "device_time_total", 0.0)
+    total = sum(times.values()) or 1.0
+    print("    stage shares (tf32): " + ", ".join(f"{k} {v / total:.0%}" for k, v in times.items()))
+    return dict(T=T, stage_shares={k: v / total for k, v in times.items()})
+
+
+def sweep_state_pass(q, k, v, beta, S0, T):
+    rows = []
+    base = kd.launch_config(64, q.shape[-1], v.shape[-1])
+    for BV in (16, 32, 64):
+        for warps in (4, 8):
+            for stages in (1, 2, 3):
+                cfg = {**base, "state": dict(base["state"], BV=BV, num_warps=warps, num_stages=stages)}
+                try:
+                    ms = bench(lambda cfg=cfg: kd._forward(q, k, v, beta, S0, 64, "tf32", False, config=cfg),
+                               "cuda")
+                except Exception as exc:  # e.g. out of shared memory on smaller GPUs
+                    print(f"    state pass BV={BV} warps={warps} stages={stages}: {type(exc).__name__}")
+                    continue
+                rows.append(dict(T=T, sweep="state", BV=BV, num_warps=warps, num_stages=stages, ms=ms))
+                print(f"    state pass BV={BV:<3} warps={warps} stages={stages}: {ms:8.3f} ms "
+                      "(whole forward)")
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run on a GPU machine (or --device cpu for a smoke test)")
+    env = dict(python=platform.python_version(), torch=torch.__version__, triton=triton.__version__,
+               device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu (interpreter)",
+               capability=torch.cuda.get_device_capability() if a.device == "cuda" else None,
+               fla=None)
+    if fla_chunk_delta_rule is not None:
+        import fla
+
+        env["fla"] = getattr(fla, "__version__", "?")
+    print(json.dumps(env))
+    print("correctness (kernel vs tinyk3.ops.delta_rule.chunked in float64):")
+    rows, ok = correctness(a.device, a.quick)
+    print("forward time (bf16 inputs, C = 64):")
+    times = timings(a.device, a.quick, a.sweep)
+    if a.json:
+        a.json.write_text(json.dumps(dict(env=env, correctness=rows, timings=times), indent=1,
+                                     default=str))
+    print("ALL CHECKS PASSED" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
