@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+import torch
+
 from tinyk3 import bench
 
 
@@ -59,3 +62,37 @@ def test_fla_rows_when_a_chunkwise_function_is_available(monkeypatch):
     monkeypatch.setattr(bench, "fla_chunkwise", lambda: stand_in)
     rows = bench.bench_delta_rule((48,), B=1, H=1, D=8, chunk_sizes=(16, 32), repeats=1, fla=True)
     assert {(r["form"], r["C"]) for r in rows if r["form"] == "fla_naive"} == {("fla_naive", 16)}
+
+
+def test_triton_and_sdpa_rows_on_cpu(capsys):
+    """--triton on CPU runs chapter 9's kernel under the interpreter (chunk sizes 16, 32, 64 only);
+    --sdpa adds causal softmax attention, with its own flop count."""
+    from tinyk3 import kernels
+
+    rows = bench.bench_delta_rule((40,), B=1, H=1, D=16, chunk_sizes=(16, 128), repeats=1, loop_max_T=0,
+                                  triton=True, sdpa=True)
+    forms = {(r["form"], r["C"]) for r in rows}
+    assert ("sdpa", 40) in forms and ("chunked", 128) in forms
+    sdpa = next(r for r in rows if r["form"] == "sdpa")
+    assert sdpa["gflops_per_s"] == pytest.approx(bench.sdpa_flops(40, 16) / sdpa["seconds"] / 1e9)
+    if kernels.AVAILABLE:
+        assert ("triton", 16) in forms and ("triton", 128) not in forms
+        assert "Triton interpreter" in capsys.readouterr().out
+    else:
+        assert not any(f == "triton" for f, _ in forms)
+
+
+def test_triton_rows_skipped_with_a_message_without_triton(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "triton_chunked", lambda: None)
+    rows = bench.bench_delta_rule((32,), B=1, H=1, D=8, chunk_sizes=(16,), repeats=1, triton=True)
+    assert "skipping the triton rows" in capsys.readouterr().out
+    assert {r["form"] for r in rows} == {"recurrent", "chunked"}
+
+
+def test_cuda_without_a_gpu_fails_clearly():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        bench.bench_delta_rule((32,), device="cuda")
+    with pytest.raises(SystemExit):
+        bench.main(["delta_rule", "--device", "cuda"])

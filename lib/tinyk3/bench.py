@@ -6,14 +6,25 @@ written records the hardware, the versions and the git commit it was measured at
     python -m tinyk3.bench delta_rule --T 1024 4096 --csv out.csv --plot out.png
     python -m tinyk3.bench matmul
 
-Forms timed for the delta rule: the token loop (``recurrent``, up to ``--loop-max-T``) and
-the chunked PyTorch form (``chunked``, several chunk sizes); with ``--fla``, also the reference
-chunked code of flash-linear-attention (``fla.ops.delta_rule.naive.delta_rule_chunkwise``,
-form ``fla_naive``), when fla is installed (it is optional: without it the rows are skipped
-with a message). The matmul benchmark gives the machine's reachable FLOP/s, measured in the
-same run, so the chunked form's FLOP rate can be read as a fraction of it (chapter 8).
+Forms timed for the delta rule (``form`` column):
+
+* ``recurrent``: the token loop (up to ``--loop-max-T``);
+* ``chunked``: the chunked PyTorch form, several chunk sizes;
+* ``fla_naive`` (``--fla``, CPU): flash-linear-attention's reference chunked code
+  (``fla.ops.delta_rule.naive.delta_rule_chunkwise``), where fla is installed;
+* ``triton`` (``--triton``; default on a GPU): chapter 9's kernel, ``tinyk3.kernels`` (on CPU it
+  runs under the Triton interpreter: a correctness path, slow, for tiny sizes only);
+* ``fla_chunk`` (``--fla`` on a GPU): fla's Triton kernel ``chunk_delta_rule``;
+* ``sdpa`` (``--sdpa``; default on a GPU): causal softmax attention at the same shapes
+  (``torch.nn.functional.scaled_dot_product_attention``), the quadratic baseline.
+
+A form whose package is missing is skipped with a message. The matmul benchmark gives the
+machine's reachable FLOP/s, measured in the same run (before and after the forms), so every
+form's FLOP rate can be read as a fraction of it (chapter 8).
 
     python -m tinyk3.bench delta_rule --T 4096 --C 32 64 128 --fla --csv out.csv
+    python -m tinyk3.bench delta_rule --device cuda --dtype bfloat16 --T 2048 8192 \\
+        --B 4 --H 16 --D 128 --C 64 --fla
 """
 
 from __future__ import annotations
@@ -29,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["environment", "time_fn", "matmul_flops", "delta_rule_flops", "fla_chunkwise", "bench_delta_rule",
-           "main"]
+__all__ = ["environment", "time_fn", "matmul_flops", "delta_rule_flops", "sdpa_flops", "fla_chunkwise",
+           "fla_chunk_kernel", "triton_chunked", "bench_delta_rule", "main"]
 
 
 def environment() -> dict:
@@ -55,8 +66,15 @@ def environment() -> dict:
     }
 
 
-def time_fn(fn, *, repeats: int = 5, warmup: int = 1, min_seconds: float = 0.0) -> float:
+def time_fn(fn, *, repeats: int = 5, warmup: int = 1, min_seconds: float = 0.0, cuda: bool = False) -> float:
     """Median wall time of ``fn()`` in seconds over ``repeats`` runs, after ``warmup`` runs."""
+    if cuda:  # GPU work is asynchronous: time it to completion
+        inner = fn
+
+        def fn():
+            inner()
+            torch.cuda.synchronize()
+
     for _ in range(warmup):
         fn()
     times = []
@@ -69,10 +87,10 @@ def time_fn(fn, *, repeats: int = 5, warmup: int = 1, min_seconds: float = 0.0) 
     return times[len(times) // 2]
 
 
-def matmul_flops(n: int = 512, dtype=torch.float32, repeats: int = 10) -> float:
+def matmul_flops(n: int = 512, dtype=torch.float32, repeats: int = 10, device: str = "cpu") -> float:
     """FLOP/s of an ``n × n`` by ``n × n`` matrix product on this machine (``2n³`` flops)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    seconds = time_fn(lambda: a @ b, repeats=repeats, warmup=2)
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+    seconds = time_fn(lambda: a @ b, repeats=repeats, warmup=2, cuda=device == "cuda")
     return 2 * n**3 / seconds
 
 
@@ -102,40 +120,103 @@ def fla_chunkwise():
     return delta_rule_chunkwise
 
 
+def fla_chunk_kernel():
+    """fla's Triton kernel ``chunk_delta_rule`` (GPU only), or ``None`` without fla."""
+    try:
+        from fla.ops.delta_rule import chunk_delta_rule
+    except Exception:
+        return None
+    return chunk_delta_rule
+
+
+def triton_chunked():
+    """``tinyk3.kernels.delta_rule.chunked``, or ``None`` without Triton."""
+    from . import kernels
+
+    return kernels.delta_rule.chunked if kernels.AVAILABLE else None
+
+
+def sdpa_flops(T: int, D: int) -> float:
+    """Matmul flops of causal softmax attention per head: ``Q Kᵀ`` and ``P V``, the lower half
+    of each (``2 · 2T²D / 2``; what a causal flash kernel computes, up to the diagonal blocks)."""
+    return 2.0 * T * T * D
+
+
 def bench_delta_rule(Ts=(256, 1024, 4096), *, B=1, H=4, D=64, chunk_sizes=(16, 32, 64, 128),
-                     loop_max_T=1024, repeats=3, dtype=torch.float32, fla=False) -> list[dict]:
+                     loop_max_T=1024, repeats=3, dtype=torch.float32, fla=False, triton=None,
+                     sdpa=None, device="cpu") -> list[dict]:
     """Time the delta-rule forms; returns one row per (form, T, C).
 
-    ``fla=True`` adds fla's reference chunked code (form ``fla_naive``) where fla is installed
-    and ``C`` divides ``T``; without fla a message is printed and those rows are skipped.
+    ``fla=True`` adds fla's code: its reference chunked code on CPU (``fla_naive``, chunk sizes
+    that divide ``T``), its Triton kernel on a GPU (``fla_chunk``, its own chunk size, 64).
+    ``triton`` adds chapter 9's kernel (chunk sizes 16, 32, 64; on CPU under the interpreter),
+    ``sdpa`` causal softmax attention; both default to on for ``device="cuda"``, off on CPU.
+    A form whose package is missing is skipped with a message.
     """
     from .ops import delta_rule
 
-    fla_fn = fla_chunkwise() if fla else None
+    device = torch.device(device).type
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("bench_delta_rule: device='cuda' but torch sees no CUDA device")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"bench_delta_rule: device must be 'cpu' or 'cuda', got {device!r}")
+    on_gpu = device == "cuda"
+    triton = on_gpu if triton is None else triton
+    sdpa = on_gpu if sdpa is None else sdpa
+    fla_fn = (fla_chunk_kernel() if on_gpu else fla_chunkwise()) if fla else None
     if fla and fla_fn is None:
-        print("# fla (flash-linear-attention) is not installed: skipping the fla_naive rows")
+        print("# fla (flash-linear-attention) is not installed: skipping the fla rows")
+    triton_fn = triton_chunked() if triton else None
+    if triton and triton_fn is None:
+        from . import kernels
+
+        print(f"# skipping the triton rows: {kernels.REASON}")
+    if triton_fn is not None and not on_gpu:
+        print("# triton rows on CPU run under the Triton interpreter: a correctness path, not a speed")
     rows = []
     for T in Ts:
         g = torch.Generator().manual_seed(T)
-        q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=dtype) for _ in range(3))
+        q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
         k = torch.nn.functional.normalize(k, dim=-1)
-        beta = torch.rand(B, H, T, generator=g, dtype=dtype)
+        beta = torch.rand(B, H, T, generator=g)
+        q, k, v, beta = (t.to(device=device, dtype=dtype) for t in (q, k, v, beta))
         forms = [("recurrent", 1)] if T <= loop_max_T else []
         forms += [("chunked", C) for C in chunk_sizes]
+        if triton_fn is not None:
+            forms += [("triton", C) for C in chunk_sizes if C in (16, 32, 64)]
         if fla_fn is not None:
-            forms += [("fla_naive", C) for C in chunk_sizes if T % C == 0]
+            forms += [("fla_chunk", 64)] if on_gpu else [("fla_naive", C) for C in chunk_sizes if T % C == 0]
+        if sdpa:
+            forms += [("sdpa", T)]
+        if any(name == "fla_chunk" for name, _ in forms):  # fla's kernels take [B, T, H, D]
+            qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+            bt = beta.transpose(1, 2).contiguous()
         with torch.no_grad():
             for name, C in forms:
                 if name == "recurrent":
-                    seconds = time_fn(lambda: delta_rule.recurrent(q, k, v, beta), repeats=repeats)  # noqa: B023
+                    fn = lambda: delta_rule.recurrent(q, k, v, beta)  # noqa: E731, B023
+                elif name == "chunked":
+                    fn = lambda: delta_rule.chunked(q, k, v, beta, chunk_size=C)  # noqa: E731, B023
+                elif name == "triton":
+                    fn = lambda: triton_fn(q, k, v, beta, chunk_size=C)  # noqa: E731, B023
                 elif name == "fla_naive":
-                    seconds = time_fn(lambda: fla_fn(q, k, v, beta, chunk_size=C), repeats=repeats)  # noqa: B023
+                    fn = lambda: fla_fn(q, k, v, beta, chunk_size=C)  # noqa: E731, B023
+                elif name == "fla_chunk":
+                    fn = lambda: fla_fn(qt, kt, vt, bt, scale=1.0)  # noqa: E731, B023
+                else:  # sdpa
+                    fn = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                        q, k, v, is_causal=True)  # noqa: B023
+                seconds = time_fn(fn, repeats=repeats, cuda=on_gpu)
+                if name == "recurrent":
+                    flops = 0.0
+                elif name == "sdpa":
+                    flops = B * H * sdpa_flops(T, D)
                 else:
-                    seconds = time_fn(lambda: delta_rule.chunked(q, k, v, beta, chunk_size=C),  # noqa: B023
-                                      repeats=repeats)
-                flops = B * H * delta_rule_flops(T, D, D, C) if name != "recurrent" else 0.0
-                rows.append({"form": name, "T": T, "C": C, "B": B, "H": H, "D": D, "seconds": seconds,
-                             "tokens_per_s": B * T / seconds, "gflops_per_s": flops / seconds / 1e9})
+                    flops = B * H * delta_rule_flops(T, D, D, C)
+                rows.append({"form": name, "T": T, "C": C, "B": B, "H": H, "D": D,
+                             "dtype": str(dtype).replace("torch.", ""), "device": device,
+                             "seconds": seconds, "tokens_per_s": B * T / seconds,
+                             "gflops_per_s": flops / seconds / 1e9})
     return rows
 
 
@@ -173,10 +254,11 @@ def _plot(rows: list[dict], env: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for (form, C) in sorted({(r["form"], r["C"]) for r in rows}):
         pts = sorted((r["T"], r["tokens_per_s"]) for r in rows if r["form"] == form and r["C"] == C)
-        label = form if form == "recurrent" else f"{form}, C={C}"
+        label = form if form in ("recurrent", "sdpa", "fla_chunk") else f"{form}, C={C}"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
     ax.set(xscale="log", yscale="log", xlabel="T", ylabel="tokens / s",
-           title=f"delta rule forward, {env['processor']}, {env['threads']} thread(s), torch {env['torch']}")
+           title=(f"delta rule forward, {env['cuda'] if env.get('device') == 'cuda' else env['processor']}, "
+                  f"{env.get('dtype', 'float32')}, torch {env['torch']}"))
     ax.legend()
     fig.text(0.01, 0.01, f"tinyk3 {env['tinyk3']} @ {env['commit']}", fontsize=7)
     fig.savefig(path, bbox_inches="tight", dpi=120)
@@ -194,26 +276,41 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--loop-max-T", type=int, default=1024, help="time the token loop up to this T")
     ap.add_argument("--fla", action="store_true",
-                    help="also time fla's reference chunked code (skipped if fla is not installed)")
+                    help="also time fla's code: its reference chunked form on CPU, chunk_delta_rule on a GPU")
+    ap.add_argument("--triton", action=argparse.BooleanOptionalAction, default=None,
+                    help="time chapter 9's Triton kernel (default: on a GPU only; on CPU it is interpreted)")
+    ap.add_argument("--sdpa", action=argparse.BooleanOptionalAction, default=None,
+                    help="time causal softmax attention at the same shapes (default: on a GPU only)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--csv")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads or int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dtype = getattr(torch, args.dtype)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device")
     env = environment()
+    env["device"], env["dtype"] = args.device, args.dtype
     print("# " + ", ".join(f"{k}={v}" for k, v in env.items()))
-    peak = matmul_flops()
-    print(f"# matmul 512x512 float32: {peak / 1e9:.1f} GFLOP/s")
+    # the reachable matmul rate: 512x512 float32 on one CPU core, 4096x4096 in the run's dtype on a GPU
+    n_peak, dtype_peak = (4096, dtype) if args.device == "cuda" else (512, torch.float32)
+    label = f"matmul {n_peak}x{n_peak} {str(dtype_peak).replace('torch.', '')}"
+    peak = matmul_flops(n_peak, dtype_peak, device=args.device)
+    print(f"# {label}: {peak / 1e9:.1f} GFLOP/s")
     if args.what == "matmul":
-        rows = [{"n": n, "gflops_per_s": matmul_flops(n) / 1e9} for n in (64, 128, 256, 512, 1024)]
+        rows = [{"n": n, "gflops_per_s": matmul_flops(n, dtype_peak, device=args.device) / 1e9}
+                for n in (64, 128, 256, 512, 1024)]
         _print_table(rows, ["n", "gflops_per_s"])
     else:
         rows = bench_delta_rule(args.T, B=args.B, H=args.H, D=args.D, chunk_sizes=args.C,
-                                loop_max_T=args.loop_max_T, repeats=args.repeats, fla=args.fla)
+                                loop_max_T=args.loop_max_T, repeats=args.repeats, fla=args.fla,
+                                triton=args.triton, sdpa=args.sdpa, device=args.device, dtype=dtype)
         # measured again after the forms, and the higher rate kept: on a shared machine a busy
         # moment lowers one measurement, and a fraction of a rate that is too low flatters
-        after = matmul_flops()
-        print(f"# matmul 512x512 float32 after the delta-rule forms: {after / 1e9:.1f} GFLOP/s")
+        after = matmul_flops(n_peak, dtype_peak, device=args.device)
+        print(f"# {label} after the delta-rule forms: {after / 1e9:.1f} GFLOP/s")
         peak = max(peak, after)
         for r in rows:
             r["fraction_of_matmul"] = r["gflops_per_s"] * 1e9 / peak if r["gflops_per_s"] else 0.0
@@ -222,6 +319,7 @@ def main(argv=None) -> None:
         if args.plot:
             _plot(rows, env, args.plot)
     env["matmul_gflops_per_s"] = round(peak / 1e9, 2)
+    env["matmul"] = label
     _save(rows, env, args.csv, args.json)
 
 
