@@ -28,9 +28,7 @@ argv0 = KernelSpecManager().get_kernel_spec("python3").argv[0]
 if not (argv0 in ("python", "python3") or argv0.startswith(sys.argv[1])):
     sys.exit(f"the python3 kernel runs {argv0}, not the fresh venv")
 PY
-# No triton either (the CPU torch wheel does not pull it in): chapter 9 runs its "Triton is not
-# installed" path here, while `make smoke` runs the same notebook with Triton.
-for t in transformers papermill pytest triton; do
+for t in transformers papermill pytest; do
   if "$work/venv/bin/python" -c "import $t" 2>/dev/null; then
     echo "the runtime-only venv unexpectedly has $t"; exit 1
   fi
