@@ -245,21 +245,30 @@ def _save(rows: list[dict], env: dict, csv_path: str | None, json_path: str | No
         Path(json_path).write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
 
 
+_NO_CHUNK_SIZE = ("recurrent", "sdpa", "fla_chunk")  # forms whose C column is not a chunk size we chose
+
+
 def _plot(rows: list[dict], env: dict, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for (form, C) in sorted({(r["form"], r["C"]) for r in rows}):
-        pts = sorted((r["T"], r["tokens_per_s"]) for r in rows if r["form"] == form and r["C"] == C)
-        label = form if form in ("recurrent", "sdpa", "fla_chunk") else f"{form}, C={C}"
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    series: dict[str, list] = {}  # one line per form and chunk size; sdpa, recurrent, fla_chunk per form
+    for r in rows:
+        label = r["form"] if r["form"] in _NO_CHUNK_SIZE else f"{r['form']}, C={r['C']}"
+        series.setdefault((r["form"], 0 if r["form"] in _NO_CHUNK_SIZE else r["C"], label), []).append(
+            (r["T"], r["tokens_per_s"]))
+    styles = {"chunked": "o-", "triton": "s-", "fla_naive": "^--", "fla_chunk": "^--", "sdpa": "k*-",
+              "recurrent": "kx:"}
+    for (form, _, label), pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], styles.get(form, "o-"), label=label)
     ax.set(xscale="log", yscale="log", xlabel="T", ylabel="tokens / s",
            title=(f"delta rule forward, {env['cuda'] if env.get('device') == 'cuda' else env['processor']}, "
                   f"{env.get('dtype', 'float32')}, torch {env['torch']}"))
-    ax.legend()
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.text(0.01, 0.01, f"tinyk3 {env['tinyk3']} @ {env['commit']}", fontsize=7)
     fig.savefig(path, bbox_inches="tight", dpi=120)
 
