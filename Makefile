@@ -1,6 +1,6 @@
 # GPT-2 to Kimi K3: build the book, test everything.
 #   make book   - create .venv, install, run every notebook at full size, build _build/html
-#   make test   - lint, unit tests, notebooks small (SMOKE), Colab-like check, site build, browser check
+#   make test   - lint, unit tests (with and without Triton), notebooks small (SMOKE), Colab-like check, site build, browser check
 #   make serve  - serve the built site on http://127.0.0.1:8000
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -21,7 +21,7 @@ export HF_HUB_OFFLINE := 1
 ENV_HASH := $(shell cat requirements/ci.txt pyproject.toml | sha1sum | cut -c1-12)
 ENV_STAMP := $(VENV)/.installed-$(ENV_HASH)
 
-.PHONY: help env vendor book test lint unit notebooks run-notebooks smoke colab html browser serve clean freeze
+.PHONY: help env vendor book test lint unit unit-no-triton notebooks run-notebooks smoke colab html browser serve clean freeze
 
 help:
 	@sed -n '2,5p' Makefile
@@ -69,7 +69,7 @@ serve:
 	$(PY) -m http.server --directory _build/html --bind 127.0.0.1 8000
 
 ## tests ---------------------------------------------------------------------------------------
-test: env vendor lint unit smoke colab html browser
+test: env vendor lint unit unit-no-triton smoke colab html browser
 	@echo "make test: all checks passed"
 
 lint: env
@@ -77,6 +77,13 @@ lint: env
 
 unit: env
 	$(BIN)/pytest -q -m "not browser" tests
+
+# The same tests in a process where `import triton` fails (Triton is optional): the kernel tests
+# skip with the reason, everything else must pass.
+unit-no-triton: env
+	rm -rf _build/no-triton && mkdir -p _build/no-triton/triton
+	echo 'raise ImportError("triton hidden by make unit-no-triton")' > _build/no-triton/triton/__init__.py
+	PYTHONPATH=$(CURDIR)/_build/no-triton $(BIN)/pytest -q -p no:cacheprovider -m "not browser" tests
 
 # Every notebook, small: papermill injects SMOKE=True, nbval runs it on a fresh kernel and
 # compares the outputs of cells tagged `nbval-check-output` with the stored full run.
