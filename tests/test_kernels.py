@@ -151,6 +151,27 @@ def test_each_stage_equals_its_equation():
 
 
 @needs_triton
+@pytest.mark.parametrize("fuse_output", [False, True], ids=["separate", "fused"])
+def test_smaller_tiles_split_the_work_and_change_nothing(fuse_output):
+    """Tiles smaller than the head: the state's Dv columns split over two programs (BV = 16 of
+    Dv = 32, the second block partial for Dv = 24) and Dk walked in two blocks (BK = 16 of 32) in
+    stages 1 and 3. The columns of S evolve independently, so the result must not change."""
+    B, H, T, Dk, Dv, C = 1, 2, 45, 32, 24, 16
+    q, k, v, beta, S0 = _inputs(B, H, T, Dk, Dv, seed=5)
+    default = kd.forward_stages(q, k, v, beta, chunk_size=C, initial_state=S0, fuse_output=fuse_output)
+    opts = dict(num_warps=4, num_stages=1)
+    small = {"wy": dict(BK=16, BV=16, **opts), "state": dict(BK=32, BV=16, **opts),
+             "output": dict(BK=16, BV=16, **opts)}
+    split = kd.forward_stages(q, k, v, beta, chunk_size=C, initial_state=S0, fuse_output=fuse_output,
+                              config=small)
+    assert set(split) == set(default)
+    for name in default:
+        assert _rel_err(split[name], default[name]) <= TOL_F32, name
+    o_ref, S_ref = delta_rule.chunked(q, k, v, beta, chunk_size=C, initial_state=S0)
+    assert _rel_err(split["o"], o_ref) <= TOL_F32 and _rel_err(split["S"], S_ref) <= TOL_F32
+
+
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 def test_half_inputs_accumulate_in_float32(dtype):
     q, k, v, beta, S0 = _inputs(1, 2, 37, 16, 16, dtype, seed=2)

@@ -544,18 +544,20 @@ def chunked(
 
 
 def forward_stages(
-    q, k, v, beta, *, chunk_size=64, initial_state=None, input_precision=None, fuse_output=False
+    q, k, v, beta, *, chunk_size=64, initial_state=None, input_precision=None, fuse_output=False,
+    config=None,
 ) -> dict[str, torch.Tensor]:
     """Run the forward stages and return what each one wrote, for checking them one at a time:
     ``w``, ``u`` ([B, H, T, D], stage 1), ``states`` ([B, H, T/C, Dk, Dv], the state each chunk
     starts from) and ``u_new`` (``U'``, [B, H, T, Dv]) from stage 2 (absent when fused), ``o``
-    and the final state ``S``. No autograd."""
+    and the final state ``S``. No autograd. ``config`` replaces :func:`launch_config`'s tiles and
+    launch options (the same dict shape), to try other block sizes."""
     op = "kernels.delta_rule.forward_stages"
     require_triton("tinyk3.kernels.delta_rule.forward_stages")
     precision = _validate(q, k, v, beta, chunk_size, initial_state, input_precision, fuse_output, op)
     with torch.no_grad():
         return _forward(q, k, v, beta, initial_state, chunk_size, precision, fuse_output,
-                        return_stages=True)
+                        return_stages=True, config=config)
 
 
 _TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
