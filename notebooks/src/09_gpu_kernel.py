@@ -134,9 +134,10 @@ def show_part(fn, first, last=None):
 # - `tl.load(ptr + offsets, mask=..., other=0.0)` reads those elements from the GPU's main
 #   (global) memory into **registers**; where the mask is false it reads nothing and yields
 #   `other`. `tl.store` writes back, only where the mask is true;
-# - `tl.dot(a, b)` multiplies two tiles (at least $16 \times 16$) on the tensor cores, staging
-#   the operands through **shared memory**, the small on-chip memory of one streaming
-#   multiprocessor;
+# - `tl.dot(a, b)` multiplies two tiles (their shared inner dimension at least 16 for 16- and
+#   32-bit inputs, in Triton 3.7 on NVIDIA GPUs) on the tensor cores, except in the exact `"ieee"`
+#   float32 mode met below, staging the operands through **shared memory**, the small on-chip
+#   memory of one streaming multiprocessor;
 # - element-wise arithmetic, `tl.where`, reductions act on tiles in registers.
 #
 # Programs of one launch do not talk to each other (short of atomic operations). The only way one program's result reaches
@@ -316,8 +317,8 @@ print(f"max |T from the row loop - wy.ut_transform| = {max_diff(T_c, wy.ut_trans
 # ($-A_i - \sum_j A_{ij} N_j$ is computed as $r + \sum_j r_j N_j$ with $r = -A_i$: the signs cancel.) The
 # substitution costs $C$ dependent steps of $O(C^2)$ vector work, about $3C^3$ flops, against $C^3/3$
 # for an optimal triangular inverse. fla's `solve_tril` does better: it inverts $16 \times 16$
-# diagonal blocks and merges them with matrix products on the tensor cores, as chapter 7's
-# `wy.block_inverse`. Finally $W_c = T_c K_c$ and $U_c = T_c V_c$, again block by block, stored as
+# diagonal blocks and fills in the rest with block matrix products, chapter 7's block forward
+# substitution (by default in `"ieee"` precision, so not on the tensor cores). Finally $W_c = T_c K_c$ and $U_c = T_c V_c$, again block by block, stored as
 # float32:
 
 # %%
@@ -392,8 +393,10 @@ show_part(kd._output_kernel, "# -- Q_c S_c and Q_c K_c")
 
 # %% [markdown]
 # Note the recomputation: the scores $Q_c K_c^\top$ are computed again by each of the $D_v / BV$ value
-# blocks of a chunk rather than stored once ($C$ numbers per token) and read back. At these tile
-# sizes a $C \times D_k$ by $D_k \times C$ product is cheaper than the memory traffic it would save.
+# blocks of a chunk rather than stored once ($C$ numbers per token) and read back. fla's
+# `chunk_fwd_o` makes the same choice (one program per value block and chunk, each forming its own
+# $Q_c K_c^\top$): the bet is that at these tile sizes a $C \times D_k$ by $D_k \times C$ product costs
+# less than the memory traffic it would save.
 #
 # ## The host side: three launches
 #
@@ -431,13 +434,13 @@ per_token = {  # numbers per token and head, bytes per number
     "stage 1 -> 2: W, U (fp32)": (Dk_ + Dv_, 4),
     "stage 2 -> 3: S_c (fp32)": (Dk_ * Dv_ / C_, 4),
     "stage 2 -> 3: U' (fp32)": (Dv_, 4),
-    "(I + A_c)^-1, kept by fla for backward": (C_, 4),
+    "(I + A_c)^-1 (bf16), kept by fla": (C_, 2),
 }
 for name, (n, nbytes) in per_token.items():
     print(f"{name:>34s}: {n:6.0f} numbers = {n * nbytes:6.0f} bytes per token and head")
 
 # %% [markdown]
-# The per-chunk states alone are as many bytes as the inputs, and with $W$, $U$, $U'$ the
+# The per-chunk states alone take more bytes than the inputs, and with $W$, $U$, $U'$ the
 # intermediates outweigh the inputs several times over. That is why the **backward pass stores
 # little and recomputes**: fla's `chunk_delta_rule` saves only $q, k, v, \beta$, the initial state and
 # the $C \times C$ inverses $(I + A_c)^{-1}$ (64 numbers a token here; $T_c$ is one scaling by $\beta$
@@ -457,7 +460,7 @@ tinyk3.notebook.show_source(kd._ChunkedFunction.backward)
 
 # %% [markdown]
 # Gradients through the Triton forward against gradients of the PyTorch form, for the same
-# incoming gradients (the interpreter runs the forward; well under a second):
+# incoming gradients (the interpreter runs the forward, at a small size):
 
 # %%
 if kernels.AVAILABLE:
@@ -514,7 +517,7 @@ else:
 # Every stage agrees to float32 round-off. Now the end result over a small grid of cases: the three
 # chunk sizes the kernel supports, $T$ a multiple of $C$ or not, a zero or a random initial state,
 # the separate output pass and the fused one, against the PyTorch form in float32 (same inputs, same
-# chunk size) and in float64. A few seconds at full size.
+# chunk size) and in float64. Several seconds at full size (the cell prints its time).
 
 # %%
 if kernels.AVAILABLE:
@@ -657,9 +660,10 @@ else:
 #   the equations, $W_c S_c$ and $K_c^\top U'_c$, as `tt.dot` with `inputPrecision = tf32`.
 # - **TritonGPU IR**: the compiler has given every tile a *layout* (which thread holds which
 #   element). The loop-carried state has an `nvidia_mma` layout, the layout of an accumulator of
-#   the tensor cores: it stays in registers from one chunk to the next. For each product it is
-#   copied into shared memory (`local_alloc`), because Hopper's `warp_group_dot` (the `wgmma`
-#   instruction) takes operands from there.
+#   the tensor cores: it stays in registers from one chunk to the next. For $W_c S_c$, where it is
+#   the right operand, it is copied into shared memory (`local_alloc`), because Hopper's
+#   `warp_group_dot` (the `wgmma` instruction) reads that operand from there; in $K_c^\top U'_c$ it
+#   is the accumulator and stays in registers.
 # - **PTX**: the NVIDIA virtual instruction set, with `wgmma.mma_async` instructions working on
 #   tf32 operands and float32 accumulators.
 # - **Shared memory**: the bytes each program reserves; a streaming multiprocessor runs as many
@@ -703,8 +707,8 @@ else:
 # tf32 products (tensor cores, the fast mode) and with `"ieee"` float32 products (the exact mode used
 # for checking), and reads each stage's registers per thread, spilled bytes, shared memory and
 # number of tensor-core (`mma`) instructions in its PTX.
-# About half a minute at full size (six compiles of three kernels, then `ptxas -v` on each; less
-# when Triton's cache holds them).
+# Several seconds at full size (the cell prints its time: six compiles of three kernels, then
+# `ptxas -v` on each), longer when Triton's cache does not hold them yet.
 #
 # Next to it, a number no compiler reports: the **arithmetic intensity** of each stage, its flops
 # per byte of global memory traffic, counted from the kernels' loads, stores and `tl.dot`s per chunk
@@ -786,14 +790,16 @@ plt.show()
 # %% [markdown]
 # In the run shown here:
 #
-# - **Registers.** With tf32 products the state pass sits at (or one short of) the 255-register
-#   ceiling at every chunk size (the state tile itself takes only 16 of them per thread at $C = 64$, as computed above; the
-#   operand tiles of $W_c$, $K_c$ and $U'_c$ take the rest), and it spills a little at $C = 32$, where
-#   `launch_config` gives it 4 warps, so each thread holds twice as much of every tile as with the 8
-#   warps it gets at $C = 64$. Stages 1 and 3 stay below the ceiling and do not spill. With
+# - **Registers.** With tf32 products nothing spills, and the state pass uses the most registers
+#   of the three stages, more as $C$ grows, up to the 255-register ceiling at $C = 64$ (the state
+#   tile itself takes only 16 of them per thread there, as computed above; the operand tiles of
+#   $W_c$, $K_c$ and $U'_c$ take the rest). `launch_config` gives every stage 8 warps at these sizes
+#   (with 4, each thread would hold twice as much of every tile; its docstring lists where 4 warps
+#   spill, found from reports like these). With
 #   `"ieee"` products there are no tensor-core instructions at all (the last column): every product
 #   becomes float32 fused multiply-adds on the ordinary cores, the state pass spills at every chunk
-#   size (kilobytes of spill stores), and stage 1 spills at $C = 64$. This is the measured reason the module
+#   size (hundreds of bytes to kilobytes of spill stores), and stage 1 spills at $C = 64$. This is
+#   the measured reason the module
 #   calls `"ieee"` the mode for checking and tf32 the mode for speed.
 # - **Shared memory** grows with $C$, and the state pass needs at least as much as either other
 #   stage: the operand
@@ -952,7 +958,7 @@ else:
 #   of $S$ evolve independently, which is what lets one head's state be split over programs.
 # - Every intermediate one launch hands to the next goes through global memory: $W$, $U$, $U'$ and
 #   every chunk's starting state, more bytes than the inputs. So the backward pass stores little
-#   (fla: the inputs and $T_c$) and recomputes $W$, $U$ and the state pass; the lib's kernel
+#   (fla: the inputs and $(I + A_c)^{-1}$) and recomputes $W$, $U$ and the state pass; the lib's kernel
 #   recomputes through the PyTorch form.
 # - The kernels map line by line onto the equations: `program_id` picks the chunk, head and value
 #   block, `arange` and masks build the tiles (the last chunk and padded head sizes masked),
@@ -962,8 +968,9 @@ else:
 #   and the fused output pass; gradients through it equal the PyTorch form's.
 # - Compiling for sm_90 without a GPU shows the kernels as the GPU will run them: the state as a
 #   loop-carried tile in a tensor-core accumulator layout, `wgmma` instructions, and per-stage
-#   registers, spills and shared memory: in the run shown here the state pass sits at the register
-#   ceiling with tf32 products and spills in the exact `"ieee"` mode, which does without tensor cores.
+#   registers, spills and shared memory: in the run shown here the state pass reaches the register
+#   ceiling at $C = 64$ with tf32 products, without spilling, and spills in the exact `"ieee"` mode,
+#   which does without tensor cores.
 #
 # **Next.** Chapter 10 adds a forgetting gate: Gated DeltaNet multiplies the state by a decay
 # $\alpha_t$ at every step, $S_t = \alpha_t (I - \beta_t k_t^\top k_t) S_{t-1} + \beta_t k_t^\top v_t$. The

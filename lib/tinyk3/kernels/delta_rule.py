@@ -386,17 +386,20 @@ def launch_config(chunk_size: int, Dk: int, Dv: int) -> dict[str, dict]:
     * ``wy`` and ``output``: Dk is walked in blocks of ``BK`` ≤ 64.
 
     Chosen by compiling for sm_90 without a GPU and reading ptxas' report (registers, spills,
-    shared memory), not by timing: at C = 64, Dk = Dv = 128 with tf32, four warps spill in every
-    stage and eight do not; BV = 32 with one pipeline stage keeps the state pass at 57 KB of
-    shared memory, which every GPU Triton supports can hold (two stages, which prefetch the next
-    chunk's tiles during the current one, need 106 KB: A100/H100 only). ``tools/gpu_check_kernels.py``
-    times the alternatives on a real GPU.
+    shared memory), not by timing. With tf32 and four warps the state pass spills at
+    (C, D) = (32, 64), (64, 64) and (32, 128), and every stage spills at (64, 128); with eight
+    warps nothing spills for C in {16, 32, 64} and D in {64, 128}. So eight warps from
+    ``C · BK = 2048`` up (at (16, 128) four warps sit at 254 registers, eight at 222), four below.
+    BV = 32 with one pipeline stage keeps the state pass at 57 KB of shared memory, which
+    every GPU Triton supports can hold (two stages, which prefetch the next chunk's tiles during
+    the current one, need 106 KB: A100/H100 only). ``tools/gpu_check_kernels.py`` times the
+    alternatives on a real GPU.
     """
     BK_full = _pow2(Dk)
     BK = min(BK_full, 64)
     BV_full = _pow2(Dv)
     BV = min(BV_full, 32 if BK_full > 64 else 64)
-    warps = 8 if chunk_size * BK_full >= 64 * 128 else 4
+    warps = 8 if chunk_size * BK_full >= 2048 else 4
     return {
         "wy": dict(BK=BK, BV=min(BV_full, 64), num_warps=warps, num_stages=1),
         "state": dict(BK=BK_full, BV=BV, num_warps=warps, num_stages=1),
