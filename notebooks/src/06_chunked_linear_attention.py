@@ -113,7 +113,7 @@ def timed(fn):
 # each far too small to keep a processor busy. The parallel form costs $2T^2(D_k + D_v)$ flops for
 # the masked scores and their product with $V$, in two large products. Both, timed on one
 # CPU thread for $H$ heads, next to the rate a large matrix product reaches on the same core
-# (`tinyk3.bench.matmul_flops`, a $512 \times 512$ product). About 5 seconds at full size.
+# (`tinyk3.bench.matmul_flops`, a $512 \times 512$ product). A few seconds at full size.
 
 # %%
 torch.manual_seed(0)
@@ -541,7 +541,8 @@ print(f"T = {T}, D = {D}, C = {C}, one head: the post's 2LD² + 2LCD = {posts:,}
 # - **the chunk loop** built above: one Python iteration per chunk, holding one state.
 #
 # With them, the recurrence (the $C = 1$ limit) and the parallel form ($C = T$) from the first
-# section. About 15 seconds at full size, most of it in the lib's form at the smallest $C$.
+# section. About 20 seconds at full size (the cell prints its time); the slowest single point is
+# the lib's form at $C = 1$.
 
 # %%
 t0 = time.perf_counter()
@@ -589,10 +590,11 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# In the run shown here both forms trace a U. On the right, the diagonal blocks dominate: from a
-# few hundred tokens per chunk on, each doubling of $C$ roughly doubles both the flops and the
-# time, at a rate that stays a sizeable fraction of the matrix-product rate (right panel; the
-# dashed line on the left is the time the flops alone would take at that rate). On the left the
+# In the run shown here both forms trace a U. On the right, the diagonal blocks dominate: from
+# $C = 512$ on, each doubling of $C$ roughly doubles the flops and about doubles the time, or more
+# at the largest chunks, where the rate falls; that rate stays a sizeable fraction of the
+# matrix-product rate (right panel; the dashed line on the left is the time the flops alone would
+# take at that rate). On the left the
 # flops barely change (the state work $4TD^2$ is the same at every $C$), yet the time grows as $C$
 # shrinks and the rate collapses: the cost there is per chunk, not per flop. The bottom of the U
 # is at a few tens to a hundred tokens per chunk (the lines under the table give the fastest $C$
@@ -639,7 +641,7 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# Two numbers per form reproduce the U: its shape, where its bottom is, and in the run shown here
+# Two numbers per form reproduce the U: its shape, about where its bottom is, and in the run shown here
 # most points to within a few tens of percent (the ratio table). The misses are at the ends, and
 # they come from the flop rate, which is not one number: it depends on the shapes of the products
 # and on what fits in the processor's caches. Both forms run slower than the model at the largest

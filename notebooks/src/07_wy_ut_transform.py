@@ -33,7 +33,7 @@
 # conditioned the triangular solve is, and why normalised keys and $\beta \le 1$ matter; and time
 # the explicit product of transitions against the WY form as the head size grows.
 #
-# **Cost.** About 20 seconds on one CPU core at full size (the last cell prints the time);
+# **Cost.** About 15 seconds on one CPU core at full size (the last cell prints the time);
 # `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
@@ -336,9 +336,9 @@ for C_, blk in ((64, 16), (64, 4), (100, 16), (100, 1)):
 
 # %% [markdown]
 # The kernel library `flash-linear-attention` (fla; its `solve_tril`, in the version we read)
-# also inverts $16 \times 16$ diagonal blocks by forward substitution, but then fills in the
-# $64 \times 64$ inverse block row by block row, which is forward substitution with blocks for
-# entries:
+# also inverts $16 \times 16$ diagonal blocks by forward substitution, but then fills in the rest
+# of the $64 \times 64$ inverse with matrix products, one block diagonal after another (the blocks
+# next to the diagonal first), from forward substitution with blocks for entries:
 #
 # $$
 # X_{ii} = A_{ii}^{-1}, \qquad X_{ij} = -X_{ii} \sum_{m=j}^{i-1} A_{im} X_{mj} \quad (i > j).
@@ -513,8 +513,7 @@ for kind in ("unit", "correlated", "raw"):
 # size of Kimi Linear's KDA layers): the condition number $\kappa_2(A)$, the largest
 # entry of $T$, and the relative error $\max|T_{32} - T| / \max|T|$ of $T$ computed in float32
 # from keys stored in float32, against $T$ in float64 from the exact keys
-# (`conditioning.ut_precision`). About 5 seconds at full size, most of it in the singular values
-# for $\kappa_2$.
+# (`conditioning.ut_precision`). A few seconds at full size (the cell prints its time).
 
 # %%
 t0 = time.perf_counter()
@@ -593,7 +592,7 @@ for kind in KINDS:
 #   $10^{-5}$. The bound keeps $T$ itself small.
 # - **Raw keys break it.** With $\|k\|^2 \approx 128$ every transition amplifies the state along its
 #   key, $T$ grows geometrically with $C$, and from moderate $C\beta$ on it overflows float32
-#   ("inf" in the lower panels) while $\kappa_2(A)$ saturates near $10^{18}$, where float64 itself
+#   ("inf" in the lower panels) while $\kappa_2(A)$ saturates at $10^{18}$ to $10^{19}$, where float64 itself
 #   can no longer resolve it. The chunked form cannot rescue such keys: the recurrence itself is
 #   unstable for them (chapter 5's norm experiment).
 #
@@ -622,8 +621,9 @@ for kind in ("unit", "correlated"):
 # $C \times C$ matrices $A$ and $Q K^\top$, chapters 6 and 8), while the sequential pass over
 # chunks shrinks as $T/C$; GPU kernels settle on 64 (or 128), sizes that fill the tensor cores'
 # tiles. Inside the chunk, the 16-row sub-blocks keep the part of the solve that is truly
-# sequential to 15 steps and turn the rest into products of $16 \times 16$ tiles, the smallest
-# that Triton's matrix product accepts. Chapter 11 meets a numerical reason for 16-token sub-chunks: Kimi Delta Attention's
+# sequential to 15 steps and turn the rest into products of $16 \times 16$ tiles, whose inner
+# dimension, 16, is the smallest Triton's matrix product accepts for 16- and 32-bit inputs on
+# NVIDIA GPUs (Triton 3.7). Chapter 11 meets a numerical reason for 16-token sub-chunks: Kimi Delta Attention's
 # gates put $\exp$ of cumulative decays into $A$, and over 64 tokens those overflow float32.
 #
 # **And why normalised keys and $\beta \le 1$ (or 2) matter:** they are exactly the hypotheses of the
@@ -645,7 +645,7 @@ for kind in ("unit", "correlated"):
 #    actually needs, since it applies $P$ as $S_0 - K^\top (W S_0)$ and never forms it.
 #
 # Each is timed as the fastest of 7 runs after a warm-up (the run least disturbed by other work
-# on the machine). A few seconds at full size, nearly all of it in the explicit product at
+# on the machine). A few seconds at full size, most of it in the explicit product at
 # $D = 256$.
 
 # %%
@@ -723,7 +723,7 @@ for i, (D, r, mdl, t) in enumerate(zip(TIMING_DIMS, measured, model, timings["ex
 #   see the GFLOP/s column, and other work on the machine disturbs the timings). At small $D$ its
 #   time is fixed costs: 64 matrix products, one call each, whatever their size.
 # - **The WY form of $P$ was about ten times faster at the smallest $D$ and two orders of
-#   magnitude faster at $D = 256$** (first column). From $D = 64$ on, the measured ratio grows
+#   magnitude faster at $D = 256$** (the time-ratio column). From $D = 64$ on, the measured ratio grows
 #   like the operation-count ratio $2CD^3 / (3C^2D + C^3/3 + 2CD^2)$, which is roughly linear in
 #   $D$ once $D > C$.
 # - **The factors alone cost less still as $D$ grows**, because chunkwise DeltaNet never forms $P$: it needs
@@ -880,7 +880,7 @@ ok = checks.run("wy.wy_factors", wy_factors_solution)
 #   $\beta \le 1$ the entries of $A$ and $A^{-1}$ are at most 1, and the float32 solve was accurate to a
 #   few times $10^{-7}$ up to $C = 256$ (nearly parallel keys: about $10^{-6}$); raw keys overflow. Bfloat16 keys, not the solve, limit the accuracy of $T$ in a
 #   kernel. Chunk size 64 is a choice of cost and hardware, not of conditioning.
-# - Forming $P$ by the WY form instead of $C$ dense products was one to two orders of magnitude
+# - Forming $P$ by the WY form instead of $C$ dense products was about one to two orders of magnitude
 #   faster here, more as $D$ grows; chunkwise DeltaNet does not even form $P$.
 #
 # **Next.** Chapter 8 puts the pieces together: compute $T$, $W$ and $U$ for every chunk at once,

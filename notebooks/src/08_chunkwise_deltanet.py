@@ -373,8 +373,8 @@ for name, init in (("zero S_0", None), ("random S_0", S0)):
 # **float32, long sequences.** A kernel runs in float32 (with bfloat16 inputs), and the state pass
 # carries rounding errors from chunk to chunk. Do they grow? $T = 8192$ tokens at full size, two
 # heads of $D = 64$, unit $q$ and $k$, a small random initial state: the chunked form in float32, for
-# three chunk sizes, and the token loop in float32, against the token loop in float64. About 5
-# seconds at full size, most of it in the two token loops.
+# three chunk sizes, and the token loop in float32, against the token loop in float64. A few
+# seconds at full size (the cell prints its time).
 
 # %%
 t0 = time.perf_counter()
@@ -407,9 +407,10 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# In the run shown here the float32 errors of the chunked form are a few times $10^{-7}$ to $10^{-6}$
-# on outputs of size about one, about as large as the float32 token loop's, at every chunk size, and
-# they do not grow along the sequence: with unit keys and $\beta \le 1$ every transition
+# In the run shown here the float32 errors of the chunked form are about $10^{-6}$ (at most
+# $2 \cdot 10^{-6}$) on outputs of a few units, about as large as the float32 token loop's, at every
+# chunk size, and they hardly grow along the sequence (the first sixteenth against the last, much
+# as for the token loop): with unit keys and $\beta \le 1$ every transition
 # $I - \beta_t k_t^\top k_t$ has eigenvalues in $[0, 1]$ (chapter 5), so the state pass does not
 # amplify the rounding of earlier chunks, and chapter 7 showed the triangular solve is well
 # conditioned for such keys. The stated bound, which `tests/test_delta_rule.py` asserts at
@@ -491,8 +492,8 @@ print(f"max |S^p_N - our S_N transposed|       = {max_diff(S_p, S_ours.mT):.1e}"
 # | 4 | $Q_c S_c$, $(Q_c K_c^\top \odot M)\, U'_c$ | $2CD^2 + 2C^2D$ |
 #
 # Over $T/C$ chunks: $6TD^2 + 10TCD + TC^2/3$. Chunked linear attention (chapter 6) costs
-# $4TD^2 + 4TCD$; the delta rule adds one product with the state ($W_c S_c$) and three $C \times C$
-# by $C \times D$ products plus the inverse for the UT transform. As in chapter 6, the masked
+# $4TD^2 + 4TCD$; the delta rule adds one product with the state ($W_c S_c$) and three products of
+# $2C^2 D$ flops ($K_c K_c^\top$, $T_c K_c$, $T_c V_c$) plus the inverse for the UT transform. As in chapter 6, the masked
 # halves are counted because dense products compute them. `tinyk3.bench.delta_rule_flops` holds
 # this count (for the padded $\lceil T/C \rceil$ chunks the lib runs):
 
@@ -528,7 +529,7 @@ for C_ in (16, 64, 128):
     print(f"{'':>31s} {C_:4d} {la_flops:17,d} {dr_flops:14,.0f} {dr_flops / la_flops:6.2f}")
 
 # %% [markdown]
-# About two to two and a half times chapter 6's work, in the same linear-in-$T$ shape.
+# Between 1.7 and 2.3 times chapter 6's work, more at larger $C$, in the same linear-in-$T$ shape.
 
 # %% [markdown]
 # ## Experiment: time against $T$ and $C$
@@ -545,7 +546,7 @@ for C_ in (16, 64, 128):
 # medians of 5 runs (`tinyk3.bench.time_fn`); the machine's matrix-product rate
 # (`bench.matmul_flops`, a $512 \times 512$ product) is measured in the same cell, before and after
 # (the higher of the two counts: on a shared machine a busy moment lowers a measurement). About
-# 20 seconds at full size, most of it in the token loop.
+# 10 seconds at full size (the cell prints its time).
 
 # %%
 t0 = time.perf_counter()
@@ -607,12 +608,12 @@ plt.show()
 # %% [markdown]
 # In the run shown here:
 #
-# - **Against $T$** (left), the token loop and the chunked form both grow linearly, and the chunked
+# - **Against $T$** (left), the token loop and the chunked form both grow about linearly, and the chunked
 #   form is more than an order of magnitude faster at every length (the last column of the first
 #   table): it takes $T/C$ sequential steps instead of $T$, and its steps are matrix products. The
 #   parallel form grows faster than linearly: its $T \times T$ scores and triangular system cost
-#   $O(T^2 D)$ and more, so it falls behind the chunked form from a few hundred tokens on, and
-#   behind the token loop itself at the longest length it was timed at.
+#   $O(T^2 D)$ and more, so it is slower than the chunked form at every length measured, and at the
+#   longest length it was timed at it is about as slow as the token loop itself.
 # - **Against $C$** (middle), the chunked form traces chapter 6's U: at small $C$ the per-chunk costs
 #   dominate (the state pass has $T/C$ iterations, each a few Python-level calls), at large $C$ the
 #   $10TCD + TC^2/3$ of the diagonal blocks and the triangular solves do. The dashed line is the time
@@ -795,11 +796,11 @@ for C_ in (16, 32, 64, 128):
 #   sequential: $\lceil T/C \rceil$ steps of two matrix products with the state.
 # - `tinyk3.ops.delta_rule.chunked` does exactly that in four stages. It equals the token loop to
 #   float64 round-off for every chunk size (short last chunks and initial states included), stays
-#   within $10^{-5}$ in float32 at $T = 8192$ with no growth along the sequence, passes `gradcheck`,
+#   within $10^{-5}$ in float32 at $T = 8192$ with hardly any growth along the sequence, passes `gradcheck`,
 #   and equals the papers' transposed form.
 # - It costs $6TD^2 + 10TCD + TC^2/3$ flops per head, about twice chunked linear attention, and in the
 #   run shown here it was more than an order of magnitude faster than the token loop at every
-#   length, at a fraction of the machine's matrix-product rate that grows with $C$; the UT
+#   length, at a fraction of the machine's matrix-product rate that grows with $C$ up to $C = 128$; the UT
 #   transform's small triangular solves and the sequential state pass are where the rest goes.
 #
 # **Next.** Chapter 9 turns exactly these stages into a GPU kernel: the scaled $KK^\top$, the
