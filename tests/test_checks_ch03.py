@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from learner_answers import assert_caught, assert_passes
 from tinyk3 import checks
 
 
@@ -265,13 +266,8 @@ def test_chapter_3_exercises_are_registered():
 @pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
                          ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
 def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    result = checks.run(exercise_id, fn)
-    _assert_failed(result, mistake=mistake)
-    out = capsys.readouterr().out
-    ex = checks.EXERCISES[exercise_id]
-    hint = next(m.hint for m in ex.mistakes if m.name == mistake) if mistake else ex.hint
-    assert f"Hint: {hint}" in out
-    assert f"First failure: case {result.failed_case}" in out
+    result = assert_caught(exercise_id, fn, mistake, capsys)
+    assert result.failed_case is not None
 
 
 def test_every_exercise_has_two_realistic_wrong_answers_matching_a_mistake():
@@ -284,9 +280,7 @@ def test_every_exercise_has_two_realistic_wrong_answers_matching_a_mistake():
 
 @pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{f.__name__}" for e, f in CORRECT])
 def test_realistic_correct_answer_passes(exercise_id, fn):
-    result = run(exercise_id, fn)
-    assert result, result.report
-    assert result.n_passed == result.n_cases
+    assert_passes(exercise_id, fn)
 
 
 def test_the_post_style_prefill_is_right_only_for_the_single_token_case():

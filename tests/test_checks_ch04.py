@@ -11,16 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from learner_answers import assert_caught, assert_failed, assert_passes, assert_two_named_wrong_answers
 from tinyk3 import checks
-
-
-def _assert_failed(result, mistake):
-    assert result.status == "failed", result.report
-    assert not result
-    assert result.mistake == mistake, result.report
-    assert 0 <= result.n_passed < result.n_cases
-    assert "Hint: " in result.report
-
 
 # -- memory.write_memory ------------------------------------------------------------------------
 
@@ -200,33 +192,22 @@ CORRECT = [
 @pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
                          ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
 def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    result = checks.run(exercise_id, fn)
-    _assert_failed(result, mistake)
-    out = capsys.readouterr().out
-    ex = checks.EXERCISES[exercise_id]
-    hint = next(m.hint for m in ex.mistakes if m.name == mistake) if mistake else ex.hint
-    assert f"Hint: {hint}" in out
-    assert f"First failure: case {result.failed_case}" in out
+    assert_caught(exercise_id, fn, mistake, capsys)
 
 
 def test_every_chapter_4_exercise_has_two_hand_written_wrong_answers():
-    ids = sorted(e.id for e in checks.EXERCISES.values() if e.chapter == 4)
-    assert ids == ["memory.crosstalk_std", "memory.recall_accuracy", "memory.write_memory"]
-    for exercise_id in ids:
-        named = {m for e, _, m in REALISTIC if e == exercise_id} - {None}
-        assert len(named) >= 2, exercise_id
+    ids = ["memory.crosstalk_std", "memory.recall_accuracy", "memory.write_memory"]
+    assert_two_named_wrong_answers(4, ids, REALISTIC)
 
 
 @pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{f.__name__}" for e, f in CORRECT])
 def test_realistic_correct_answer_passes(exercise_id, fn):
-    result = checks.run(exercise_id, fn, verbose=False)
-    assert result, result.report
-    assert result.n_passed == result.n_cases
+    assert_passes(exercise_id, fn)
 
 
 def test_float32_buffer_fails_only_the_float64_case():
     result = checks.run("memory.write_memory", wm_float32_buffer, verbose=False)
-    _assert_failed(result, None)
+    assert_failed(result, None)
     assert result.n_passed == result.n_cases - 1 == result.failed_case - 1
     assert "wrong dtype: expected torch.float64, got torch.float32" in result.report
 
@@ -235,6 +216,6 @@ def test_assuming_unit_keys_fails_first_on_the_non_unit_case():
     """Subtracting 1 for the diagonal is right for unit keys only: cases 1-2 pass, case 3
     (keys not of unit length) is the first failure."""
     result = checks.run("memory.crosstalk_std", ct_assumes_unit_keys, verbose=False)
-    _assert_failed(result, None)
+    assert_failed(result, None)
     assert result.failed_case == 3
     assert "(keys not of unit length)" in result.report

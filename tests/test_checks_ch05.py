@@ -11,17 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from learner_answers import assert_caught, assert_failed, assert_passes, assert_two_named_wrong_answers
 from tinyk3 import checks
 from tinyk3.ops import delta_rule
-
-
-def _assert_failed(result, mistake):
-    assert result.status == "failed", result.report
-    assert not result
-    assert result.mistake == mistake, result.report
-    assert 0 <= result.n_passed < result.n_cases
-    assert "Hint: " in result.report
-
 
 # -- delta_rule.step ----------------------------------------------------------------------------
 
@@ -180,34 +172,22 @@ CORRECT = [
 @pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
                          ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
 def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    result = checks.run(exercise_id, fn)
-    _assert_failed(result, mistake)
-    out = capsys.readouterr().out
-    ex = checks.EXERCISES[exercise_id]
-    hint = next(m.hint for m in ex.mistakes if m.name == mistake) if mistake else ex.hint
-    assert f"Hint: {hint}" in out
-    assert f"First failure: case {result.failed_case}" in out
+    assert_caught(exercise_id, fn, mistake, capsys)
 
 
 def test_every_chapter_5_exercise_has_two_hand_written_wrong_answers():
-    ids = sorted(e.id for e in checks.EXERCISES.values() if e.chapter == 5)
-    assert ids == ["delta_rule.loop", "delta_rule.step"]
-    for exercise_id in ids:
-        named = {m for e, _, m in REALISTIC if e == exercise_id} - {None}
-        assert len(named) >= 2, exercise_id
+    assert_two_named_wrong_answers(5, ["delta_rule.loop", "delta_rule.step"], REALISTIC)
 
 
 @pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{f.__name__}" for e, f in CORRECT])
 def test_realistic_correct_answer_passes(exercise_id, fn):
-    result = checks.run(exercise_id, fn, verbose=False)
-    assert result, result.report
-    assert result.n_passed == result.n_cases
+    assert_passes(exercise_id, fn)
 
 
 def test_the_posts_block_update_passes_only_the_single_token_case():
     """Reading the state once is exact for one token (decoding) and wrong for every block."""
     result = checks.run("delta_rule.loop", dl_one_read_for_the_block, verbose=False)
-    _assert_failed(result, "state_read_once")
+    assert_failed(result, "state_read_once")
     cases = checks.EXERCISES["delta_rule.loop"].cases()
     assert [c.args[0].shape[2] for c in cases].count(1) == 1
     assert result.n_passed == 1 and result.failed_case == 1
@@ -215,7 +195,7 @@ def test_the_posts_block_update_passes_only_the_single_token_case():
 
 def test_a_float32_state_fails_only_the_float64_case():
     result = checks.run("delta_rule.loop", dl_float32_state, verbose=False)
-    _assert_failed(result, None)
+    assert_failed(result, None)
     assert result.n_passed == result.n_cases - 1 == result.failed_case - 1
     assert "wrong dtype: expected torch.float64, got torch.float32" in result.report
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from learner_answers import assert_caught, assert_passes, assert_two_named_wrong_answers
 from tinyk3 import checks
 from tinyk3.ops import wy
 
@@ -215,39 +216,19 @@ CORRECT = [
 ]
 
 
-def _assert_failed(result, mistake):
-    assert result.status == "failed", result.report
-    assert not result
-    assert result.mistake == mistake, result.report
-    assert 0 <= result.n_passed < result.n_cases
-    assert "Hint: " in result.report
-
-
 @pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
                          ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
 def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    result = checks.run(exercise_id, fn)
-    _assert_failed(result, mistake)
-    out = capsys.readouterr().out
-    ex = checks.EXERCISES[exercise_id]
-    hint = next(m.hint for m in ex.mistakes if m.name == mistake) if mistake else ex.hint
-    assert f"Hint: {hint}" in out
-    assert f"First failure: case {result.failed_case}" in out
+    assert_caught(exercise_id, fn, mistake, capsys)
 
 
 def test_every_chapter_8_exercise_has_two_hand_written_wrong_answers():
-    ids = sorted(e.id for e in checks.EXERCISES.values() if e.chapter == 8)
-    assert ids == ["chunkwise.delta_rule", "chunkwise.flops"]
-    for exercise_id in ids:
-        named = {m for e, _, m in REALISTIC if e == exercise_id} - {None}
-        assert len(named) >= 2, exercise_id
+    assert_two_named_wrong_answers(8, ["chunkwise.delta_rule", "chunkwise.flops"], REALISTIC)
 
 
 @pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{i}" for i, (e, _) in enumerate(CORRECT)])
 def test_realistic_correct_answer_passes(exercise_id, fn):
-    result = checks.run(exercise_id, fn, verbose=False)
-    assert result, result.report
-    assert result.n_passed == result.n_cases
+    assert_passes(exercise_id, fn)
 
 
 def test_the_cases_expose_the_remainder_and_the_limits():

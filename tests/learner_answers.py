@@ -1,0 +1,49 @@
+"""How the chapters' hand-written learner answers are checked (tests/test_checks_chNN.py).
+
+Each chapter file lists ``REALISTIC`` answers ``(exercise_id, fn, mistake name or None)``, coded
+the way a learner would get them wrong, and ``CORRECT`` ones written differently from the
+reference; the assertions on what ``checks.run`` reports live here, once.
+"""
+
+from __future__ import annotations
+
+from tinyk3 import checks
+
+
+def assert_failed(result, mistake):
+    """A failed verdict matched to ``mistake`` (None: the exercise's general hint), with a hint."""
+    assert result.status == "failed", result.report
+    assert not result
+    assert result.mistake == mistake, result.report
+    assert 0 <= result.n_passed < result.n_cases
+    assert "Hint: " in result.report
+
+
+def assert_caught(exercise_id, fn, mistake, capsys):
+    """Run the check as a learner does (printed report): it fails, names the mistake, prints the
+    mistake's hint (or the exercise's when ``mistake`` is None) and the first failing case."""
+    result = checks.run(exercise_id, fn)
+    assert_failed(result, mistake)
+    out = capsys.readouterr().out
+    ex = checks.EXERCISES[exercise_id]
+    hint = next(m.hint for m in ex.mistakes if m.name == mistake) if mistake else ex.hint
+    assert f"Hint: {hint}" in out
+    assert f"First failure: case {result.failed_case}" in out
+    return result
+
+
+def assert_passes(exercise_id, fn):
+    """A correct answer passes every case."""
+    result = checks.run(exercise_id, fn, verbose=False)
+    assert result, result.report
+    assert result.n_passed == result.n_cases
+
+
+def assert_two_named_wrong_answers(chapter, expected_ids, realistic):
+    """The chapter registers exactly ``expected_ids``, and each has at least two hand-written wrong
+    answers matched to named mistakes."""
+    ids = sorted(e.id for e in checks.EXERCISES.values() if e.chapter == chapter)
+    assert ids == expected_ids
+    for exercise_id in ids:
+        named = {m for e, _, m in realistic if e == exercise_id} - {None}
+        assert len(named) >= 2, exercise_id
