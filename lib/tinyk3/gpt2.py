@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .attention import causal_attention_sdpa
 from .kv_cache import KVCache
 
-__all__ = ["GPTConfig", "GPT", "count_parameters", "attention_maps"]
+__all__ = ["GPTConfig", "GPT", "count_parameters", "attention_maps", "init_gpt2_weights"]
 
 
 @dataclass
@@ -113,6 +113,25 @@ class Block(nn.Module):
         return x
 
 
+def init_gpt2_weights(model: nn.Module, n_layer: int) -> None:
+    """GPT-2's initialisation, in place: every Linear and Embedding weight N(0, 0.02²), biases 0,
+    and the projections that write into the residual stream (``c_proj``) scaled down by
+    ``1/√(2·n_layer)``, so the stream's variance does not grow with depth. (MixerLM uses it too.)"""
+
+    def init_module(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    model.apply(init_module)
+    for name, p in model.named_parameters():
+        if name.endswith("c_proj.weight"):
+            nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+
 class GPT(nn.Module):
     """GPT-2. ``forward(idx) -> logits [B, T, vocab_size]``.
 
@@ -135,20 +154,7 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied: one matrix, two uses
-        self.apply(self._init_weights)
-        # GPT-2 scales the init of the projections that write into the residual stream.
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        init_gpt2_weights(self, config.n_layer)
 
     def num_parameters(self) -> int:
         """Parameters counted once (the tied head shares the embedding's storage)."""

@@ -19,13 +19,13 @@ logits (``tests/test_models.py``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .gpt2 import init_gpt2_weights
 from .layers import MIXERS, state_nbytes
 from .ops import feature_maps
 
@@ -184,20 +184,7 @@ class MixerLM(nn.Module):
         self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied: one matrix, two uses
-        self.apply(self._init_weights)
-        # GPT-2 scales the init of the projections that write into the residual stream.
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        init_gpt2_weights(self, config.n_layer)  # GPT-2's recipe, residual projections scaled
 
     def num_parameters(self) -> int:
         """Parameters counted once (the tied head shares the embedding's storage)."""
