@@ -5,6 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -31,15 +32,26 @@
 # experiments (the last cell prints the time). `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
-# Setup: in Colab, install the course package from the repository; elsewhere, use the
-# installed one (`make book` or `pip install -e .`). Then fix threads and seeds.
+# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install it
+# from the repository without changing any package already installed: each one is pinned
+# to its installed version, so pip adds only what is missing (or stops and says why).
+# Locally, `make book` or `pip install -e .` has installed it. Then fix threads and seeds.
+import importlib
+import importlib.util
+import subprocess
 import sys
+import tempfile
 
 REPO_URL = "https://github.com/tinyk3-course/gpt2-to-kimi-k3"
-if "google.colab" in sys.modules:
-    import subprocess
-
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}"], check=True)
+PACKAGE = f"git+{REPO_URL}"
+if importlib.util.find_spec("tinyk3") is None:
+    pip = [sys.executable, "-m", "pip"]
+    installed = subprocess.run(pip + ["list", "--format=freeze"], check=True,
+                               capture_output=True, text=True).stdout
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
+        pins.write(installed)
+    subprocess.run(pip + ["install", "-q", "-c", pins.name, PACKAGE], check=True)
+    importlib.invalidate_caches()
 
 import time
 
