@@ -1,6 +1,6 @@
 # GPT-2 to Kimi K3: build the book, test everything.
-#   make book   - create .venv, install, run every notebook at full size, build _build/html
-#   make test   - lint, unit tests (with and without Triton), notebooks small (SMOKE), Colab-like check, site build, browser check
+#   make book   - check prerequisites, create .venv, install, run every notebook at full size, build _build/html
+#   make test   - check prerequisites, lint, unit tests (then the Triton subset with Triton hidden), notebooks small (SMOKE), Colab-image check, site build, browser check
 #   make serve  - serve the built site on http://127.0.0.1:8000
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -21,12 +21,26 @@ export HF_HUB_OFFLINE := 1
 ENV_HASH := $(shell cat requirements/ci.txt pyproject.toml | sha1sum | cut -c1-12)
 ENV_STAMP := $(VENV)/.installed-$(ENV_HASH)
 
-.PHONY: help env vendor book test lint unit unit-no-triton notebooks run-notebooks smoke colab html browser serve clean freeze
+.PHONY: help prereqs-book prereqs-test env vendor book test lint unit unit-no-triton notebooks \
+        run-notebooks smoke colab html browser serve clean freeze
+
+# Both cores: the unit tests and the small notebook runs are spread over two pytest workers.
+XDIST := -n 2 --dist worksteal
+TEST_STEPS := env vendor lint unit unit-no-triton smoke colab html browser
 
 help:
 	@sed -n '2,5p' Makefile
 
 ## environment ---------------------------------------------------------------------------------
+# What the machine itself must have (Python with venv, git, make, npm; Chromium for the tests),
+# checked in seconds with the system Python; on a miss it prints the one command to run.
+prereqs-book:
+	@command -v $(PYTHON) >/dev/null || { echo "no $(PYTHON): install Python 3.10+ (Debian: apt-get install python3 python3-venv)"; exit 1; }
+	@$(PYTHON) tools/check_prereqs.py book
+prereqs-test:
+	@command -v $(PYTHON) >/dev/null || { echo "no $(PYTHON): install Python 3.10+ (Debian: apt-get install python3 python3-venv)"; exit 1; }
+	@$(PYTHON) tools/check_prereqs.py test
+
 env: $(ENV_STAMP)
 $(ENV_STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,7 +75,7 @@ html: env vendor
 	rm -rf _build/html _build/.doctrees
 	$(BIN)/jupyter-book build . -W -n --keep-going --quiet
 
-book: env vendor run-notebooks html
+book: prereqs-book env vendor run-notebooks html
 	@echo "Site built: _build/html/index.html  (make serve to view it)"
 
 serve:
@@ -69,21 +83,30 @@ serve:
 	$(PY) -m http.server --directory _build/html --bind 127.0.0.1 8000
 
 ## tests ---------------------------------------------------------------------------------------
-test: env vendor lint unit unit-no-triton smoke colab html browser
-	@echo "make test: all checks passed"
+# Prerequisites first (seconds), then each step, timed; the breakdown lands in
+# _build/test-times.txt and is printed at the end.
+test: prereqs-test
+	@mkdir -p _build && rm -f _build/test-times.txt
+	@for step in $(TEST_STEPS); do \
+	  start=$$(date +%s); \
+	  $(MAKE) --no-print-directory $$step || { echo "make test: step '$$step' failed"; exit 1; }; \
+	  echo "$$step $$(( $$(date +%s) - start )) s" >> _build/test-times.txt; \
+	done
+	@echo "make test: all checks passed. Seconds per step:"; cat _build/test-times.txt
 
 lint: env
 	$(BIN)/ruff check lib tests tools notebooks
 
 unit: env
-	$(BIN)/pytest -q -m "not browser" tests
+	$(BIN)/pytest -q $(XDIST) -m "not browser" tests
 
-# The same tests in a process where `import triton` fails (Triton is optional): the kernel tests
-# skip with the reason, everything else must pass.
+# The tests marked `triton` (those that reach tinyk3.kernels, Triton or fla; tests/test_markers.py
+# keeps the marking complete) again, in processes where `import triton` fails: Triton is
+# optional, so the kernel tests must skip with the reason and everything else must pass.
 unit-no-triton: env
 	rm -rf _build/no-triton && mkdir -p _build/no-triton/triton
 	echo 'raise ImportError("triton hidden by make unit-no-triton")' > _build/no-triton/triton/__init__.py
-	PYTHONPATH=$(CURDIR)/_build/no-triton $(BIN)/pytest -q -p no:cacheprovider -m "not browser" tests
+	PYTHONPATH=$(CURDIR)/_build/no-triton $(BIN)/pytest -q -p no:cacheprovider $(XDIST) -m "triton and not browser" tests
 
 # Every notebook, small: papermill injects SMOKE=True, nbval runs it on a fresh kernel and
 # compares the outputs of cells tagged `nbval-check-output` with the stored full run.
@@ -92,15 +115,18 @@ smoke: env
 	for nb in $(NOTEBOOKS); do \
 	  $(BIN)/papermill --prepare-only -p SMOKE True $$nb _build/smoke/$$(basename $$nb) >/dev/null 2>&1; \
 	done
-	$(BIN)/pytest -q -p no:cacheprovider --nbval-lax --nbval-cell-timeout=600 _build/smoke
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile --nbval-lax --nbval-cell-timeout=600 _build/smoke
 
-# What a Colab reader does: install the wheel with runtime dependencies only, run the
-# notebooks from a folder outside the repository.
+# What a Colab reader gets: Colab's pre-installed packages at Colab's versions, the wheel
+# installed by the notebooks' own setup cell (fails if it changes any of them), every
+# notebook run small from outside the repository (tools/colab_check.py).
 colab: env
-	bash tools/colab_check.sh
+	$(PY) tools/colab_check.py
 
-browser: env
-	$(BIN)/pytest -q -m browser tests/test_site.py
+# The built site in headless Chromium at desktop and phone widths, and the widgets of the
+# Colab-image run rendered by the ipywidgets 7 HTML manager (needs `make colab` first).
+browser: env vendor
+	$(BIN)/pytest -q -m browser tests
 
 clean:
 	rm -rf _build _vendor node_modules

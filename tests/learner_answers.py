@@ -10,6 +10,11 @@ from __future__ import annotations
 from tinyk3 import checks
 
 
+def flat(text: str) -> str:
+    """Whitespace runs made single spaces: printed reports are wrapped to 88 columns."""
+    return " ".join(text.split())
+
+
 def assert_failed(result, mistake):
     """A failed verdict matched to ``mistake`` (None: the exercise's general hint), with a hint."""
     assert result.status == "failed", result.report
@@ -27,8 +32,9 @@ def assert_caught(exercise_id, fn, mistake, capsys):
     out = capsys.readouterr().out
     ex = checks.EXERCISES[exercise_id]
     hint = next(m.hint for m in ex.mistakes if m.name == mistake) if mistake else ex.hint
-    assert f"Hint: {hint}" in out
-    assert f"First failure: case {result.failed_case}" in out
+    assert flat(f"Hint: {hint}") in flat(out)  # printed wrapped to REPORT_WIDTH columns
+    assert f"First failure: case {result.failed_case}" in flat(out)
+    assert max(len(line) for line in out.splitlines()) <= checks.core.REPORT_WIDTH, out
     return result
 
 

@@ -10,6 +10,9 @@ import torch
 
 from tinyk3 import bench
 
+# Reaches Triton, tinyk3.kernels or fla: rerun with Triton hidden by `make unit-no-triton`.
+pytestmark = pytest.mark.triton
+
 
 def test_delta_rule_flop_count_matches_the_closed_form():
     """FACTS.md: chunked DeltaNet ≈ 6LD² + 10LCD + LC²/3 per head (L = T, Dk = Dv = D)."""

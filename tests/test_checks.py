@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from learner_answers import flat
 from tinyk3 import checks
 from tinyk3.checks import CheckResult
 
@@ -83,7 +84,7 @@ def test_reference_passes(exercise_id, capsys):
     assert result.failed_case is None and result.mistake is None
     assert result.max_abs_error == 0.0
     out = capsys.readouterr().out
-    assert out == result.report + "\n"
+    assert out == checks.core.wrap_report(result.report) + "\n"
     assert out.startswith("✔") and f"passed {result.n_cases}/{result.n_cases}" in out
 
 
@@ -110,9 +111,12 @@ def test_each_registered_mistake_is_recognised(exercise_id, name, capsys):
     result = checks.run(exercise_id, mistake.fn)
     _assert_failed(result, mistake=name)
     report = capsys.readouterr().out
-    assert f"Hint: {mistake.hint}" in report
-    assert f"case {result.failed_case}" in report
+    assert flat(f"Hint: {mistake.hint}") in flat(report)  # printed wrapped to 88 columns
+    assert f"case {result.failed_case}" in flat(report)
     assert report.startswith("✘")
+    width = checks.core.REPORT_WIDTH
+    assert all(len(line) <= width for line in report.splitlines()), (
+        f"a printed line is wider than {width} columns:\n{report}")
 
 
 @pytest.mark.parametrize("exercise_id", EXERCISE_IDS)
@@ -134,7 +138,7 @@ def test_stub_is_not_attempted(exercise_id, capsys):
     result = checks.run(exercise_id, stub)
     assert result.status == "not attempted" and not result
     assert result.n_passed == 0
-    out = capsys.readouterr().out
+    out = flat(capsys.readouterr().out)  # printed wrapped to 88 columns
     assert "not attempted" in out and checks.EXERCISES[exercise_id].signature in out
 
 
@@ -146,7 +150,7 @@ def test_other_exception_is_an_error_with_its_name(exercise_id, capsys):
     result = checks.run(exercise_id, crashes)
     assert result.status == "error" and not result
     assert result.failed_case == 1
-    out = capsys.readouterr().out
+    out = flat(capsys.readouterr().out)
     assert "ZeroDivisionError" in out and "division by zero" in out
     assert f"case 1/{result.n_cases}" in out
     assert "`return 1 / 0`" in out  # the learner's own line is quoted
@@ -261,7 +265,7 @@ def test_returning_none(exercise_id, capsys):
     result = checks.run(exercise_id, lambda *a, **k: None)
     _assert_failed(result)
     assert result.n_passed == 0 and result.failed_case == 1
-    assert "returned None: did you forget a `return`?" in capsys.readouterr().out
+    assert "returned None: did you forget a `return`?" in flat(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("not_a_function", [None, 42, "causal_attention", torch.zeros(3)],
@@ -270,7 +274,7 @@ def test_returning_none(exercise_id, capsys):
 def test_not_callable(exercise_id, not_a_function, capsys):
     result = checks.run(exercise_id, not_a_function)
     assert result.status == "error" and not result
-    out = capsys.readouterr().out
+    out = flat(capsys.readouterr().out)
     assert "expected a function" in out and checks.EXERCISES[exercise_id].signature in out
 
 
@@ -283,7 +287,7 @@ def test_not_callable(exercise_id, not_a_function, capsys):
 def test_unknown_exercise_suggests_close_match(typo, suggestion, capsys):
     result = checks.run(typo, lambda *a: None)
     assert result.status == "error" and not result
-    out = capsys.readouterr().out
+    out = flat(capsys.readouterr().out)
     assert repr(typo) in out and f"Did you mean {suggestion!r}" in out
 
 
@@ -321,9 +325,9 @@ def test_value_mismatch_reports_distance(exercise_id, capsys):
     _assert_failed(result)
     assert result.failed_case == 1 and result.n_passed == 0
     assert result.max_abs_error == pytest.approx(0.01, rel=1e-3)
-    out = capsys.readouterr().out
+    out = flat(capsys.readouterr().out)
     assert "case 1" in out and "max abs error 0.01" in out and "tolerance" in out
-    assert f"Hint: {checks.EXERCISES[exercise_id].hint}" in out
+    assert flat(f"Hint: {checks.EXERCISES[exercise_id].hint}") in flat(out)
 
 
 @pytest.mark.parametrize("exercise_id", TENSOR_EXERCISES)
@@ -891,8 +895,8 @@ def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
     out = capsys.readouterr().out
     ex = checks.EXERCISES[exercise_id]
     hint = next(m.hint for m in ex.mistakes if m.name == mistake) if mistake else ex.hint
-    assert f"Hint: {hint}" in out
-    assert f"First failure: case {result.failed_case}" in out
+    assert flat(f"Hint: {hint}") in flat(out)
+    assert f"First failure: case {result.failed_case}" in flat(out)
 
 
 def test_every_exercise_has_two_realistic_wrong_answers_matching_a_mistake():

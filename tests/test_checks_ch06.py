@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from learner_answers import assert_passes
+from learner_answers import assert_passes, flat
 from tinyk3 import checks
 
 
@@ -222,7 +222,7 @@ def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
     assert result.mistake == mistake, result.report
     out = capsys.readouterr().out
     hint = next(m.hint for m in checks.EXERCISES[exercise_id].mistakes if m.name == mistake)
-    assert f"Hint: {hint}" in out
+    assert flat(f"Hint: {hint}") in flat(out)
 
 
 def test_every_exercise_has_two_realistic_wrong_answers_matching_a_mistake():

@@ -20,6 +20,9 @@ import torch
 import tinyk3.kernels as kernels
 from tinyk3.ops import delta_rule
 
+# Reaches Triton, tinyk3.kernels or fla: rerun with Triton hidden by `make unit-no-triton`.
+pytestmark = pytest.mark.triton
+
 try:
     with warnings.catch_warnings():  # "Triton is not supported on current platform, roll back to CPU"
         warnings.simplefilter("ignore")

@@ -31,6 +31,9 @@ import tinyk3.kernels as kernels
 from tinyk3.kernels import delta_rule as kd
 from tinyk3.ops import delta_rule, wy
 
+# Reaches Triton, tinyk3.kernels or fla: rerun with Triton hidden by `make unit-no-triton`.
+pytestmark = pytest.mark.triton
+
 needs_triton = pytest.mark.skipif(not kernels.AVAILABLE, reason=f"tinyk3.kernels: {kernels.REASON}")
 
 TOL_F32 = 2e-6  # kernel vs the PyTorch form, both float32

@@ -7,6 +7,7 @@ Executing them is `make smoke` (nbval, small sizes), `make colab` (installed whe
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import jupytext
@@ -17,6 +18,13 @@ import yaml
 from tinyk3 import checks
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import setup_cell  # noqa: E402  (tools/setup_cell.py: the one copy of the setup cell)
+
+#: Code in the notebooks fits the website's code blocks (and GitHub's, and Colab's).
+CODE_COLUMNS = 88
+#: Figures are shown unscaled in the website's text column (tinyk3.notebook.FIGSIZE).
+MAX_FIGURE_CSS_PX = 690
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 
@@ -52,16 +60,23 @@ def test_colab_launch_buttons_are_configured():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_setup_cell_installs_from_the_configured_repository(path):
+def test_setup_cell_is_the_one_written_in_tools_setup_cell(path):
+    """Every notebook starts with the same setup cell, for the repository in _config.yml;
+    tools/colab_check.py runs exactly this cell on the Colab image."""
     first = _code_cells(_read(path))[0]
     assert "hide-input" in _tags(first), "the setup cell should be hidden (tag hide-input)"
-    urls = re.findall(r'^REPO_URL = "(.*)"$', first.source, re.MULTILINE)
-    assert urls == [CONFIG["repository"]["url"]], (
-        f"install cell uses {urls}, _config.yml says {CONFIG['repository']['url']!r}: "
-        "run `python tools/sync_repo_url.py`"
-    )
-    assert 'f"git+{REPO_URL}"' in first.source and "google.colab" in first.source
-    assert "tinyk3.setup(" in first.source
+    assert first.source == setup_cell.setup_source(CONFIG["repository"]["url"]), (
+        "the setup cell differs from tools/setup_cell.py: run `python tools/setup_cell.py`")
+    assert setup_cell.PACKAGE_LINE in first.source and "tinyk3.setup(" in first.source
+
+
+def test_setup_cell_pins_every_installed_package():
+    """The cell installs with a constraint on every installed package (nothing is upgraded
+    under a running kernel) and only when tinyk3 is missing."""
+    src = setup_cell.setup_source("https://github.com/o/r")
+    assert 'REPO_URL = "https://github.com/o/r"' in src
+    assert '"list", "--format=freeze"' in src and '"-c", pins.name, PACKAGE' in src
+    assert 'find_spec("tinyk3") is None' in src
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -169,3 +184,63 @@ def test_environment_yml_mirrors_the_pinned_requirements():
     pinned = (ROOT / "requirements" / "ci.txt").read_text()
     for tool in ("jupyter-book==1.", "torch==", "papermill==", "nbval==", "ipywidgets==", "matplotlib=="):
         assert tool in pinned, f"{tool} missing from requirements/ci.txt"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_code_fits_in_88_columns(path):
+    long = [(i, len(line), line[:60]) for i, c in enumerate(_read(path).cells)
+            if c.cell_type == "code" for line in c.source.splitlines()
+            if len(line) > CODE_COLUMNS]
+    assert not long, (f"{len(long)} code lines over {CODE_COLUMNS} columns "
+                      f"(cell, length, start): {long[:5]}")
+
+
+def _image_cells(nb):
+    return [c for c in _code_cells(nb)
+            if any("image/png" in o.get("data", {}) for o in c.outputs)]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_figures_have_captions_alt_text_and_fit_the_page(path):
+    """Every figure cell carries myst-nb metadata with a caption and alt text that describes
+    it, makes one figure, and stores it at retina resolution no wider than the text column."""
+    cells = _image_cells(_read(path))
+    names = []
+    for c in cells:
+        where = f"cell {c.execution_count} ({c.source.splitlines()[0][:50]!r})"
+        meta = c.metadata.get("mystnb", {})
+        caption = meta.get("figure", {}).get("caption", "")
+        alt = meta.get("image", {}).get("alt", "")
+        assert len(caption.split()) >= 5, f"{where}: no caption (mystnb.figure.caption)"
+        assert len(alt.split()) >= 8 and not re.search(r"[$\\`]|\.png", alt), (
+            f"{where}: alt text {alt!r} should describe the figure in plain words")
+        names.append(meta.get("figure", {}).get("name"))
+        images = [o for o in c.outputs if "image/png" in o.get("data", {})]
+        assert len(images) == 1, f"{where}: {len(images)} figures in one cell (one per cell)"
+        size = images[0].get("metadata", {}).get("image/png", {})
+        assert size.get("width"), f"{where}: stored without the retina display size"
+        assert size["width"] <= MAX_FIGURE_CSS_PX, (
+            f"{where}: {size['width']} px wide, over {MAX_FIGURE_CSS_PX} (squeezed on the site)")
+    assert all(names) and len(set(names)) == len(names), f"figure names missing or repeated: {names}"
+
+
+def test_figure_names_are_unique_across_the_book():
+    names = [c.metadata["mystnb"]["figure"].get("name") for p in NOTEBOOKS
+             for c in _image_cells(_read(p)) if "mystnb" in c.metadata]
+    assert len(set(names)) == len(names), sorted(n for n in names if names.count(n) > 1)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_widget_sliders_show_labels(path):
+    """Stored widgets use only what ipywidgets 7.7 and 8 share (no Stack) and label their
+    sliders with values (SelectionSlider), never a bare IntSlider index."""
+    state = _read(path).metadata.get("widgets", {}).get(
+        "application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    if not state:
+        pytest.skip("no widgets")
+    names = {m["model_name"] for m in state.values()}
+    assert not names & {"StackModel", "IntSliderModel"}, names & {"StackModel", "IntSliderModel"}
+    sliders = [m for m in state.values() if m["model_name"] == "SelectionSliderModel"]
+    assert sliders, "a widget notebook with no SelectionSlider"
+    for m in sliders:
+        assert m["state"]["_options_labels"], "a slider without labels"

@@ -1,75 +1,76 @@
-"""The built website works offline in a real browser (`make browser`, after `make html`).
+"""The built website in a real browser (`make browser`, after `make html`), at a desktop
+width (1280 px) and a phone width (390 px, touch), with every outside request blocked.
 
 Serves _build/html on 127.0.0.1, opens every page listed in _toc.yml in headless Debian
 Chromium (driven by Playwright; no browser is ever downloaded), and fails a page on:
 
-* any failed request, any response with status >= 400, any request to another host
-  (those are blocked, so a CDN reference shows up here instead of hanging);
+* any failed request, any response with status >= 400, any request to another host;
 * any console error or uncaught page error;
-* math that MathJax did not render (no ``mjx-container``, or raw TeX left in the text);
-* on chapter (notebook) pages: an image that did not load, no figure at all, no folded
-  solution, a solution that is not folded, or a widget that did not render or does not
-  respond to its slider.
+* math that MathJax did not render, or raw TeX left in the text (any ``$``, ``\\(``, ``\\[``);
+* a page wider than the screen (it would scroll sideways as a whole);
+* code or output blocks that scroll sideways: none on a desktop (code is at most 88 columns,
+  outputs wrap); on a phone outputs still wrap and only code and wide tables or equations
+  scroll, inside their own box with a shadow that shows it (counted per page in
+  _build/screenshots/overflow-<view>.json); none in print;
+* on a phone: the chapter menu (☰) and the in-page contents do not open when tapped; the
+  title fills more than half of the first screen;
+* on a desktop: ☰ does not collapse the sidebar; a solution that is not folded or does not
+  unfold;
+* on chapter pages: no figure; a figure without a caption or with alt text that is a file
+  name; a figure shown smaller than its size (squeezed); no "Open in Colab" badge in the
+  first screen; a widget that did not render or does not respond to its sliders, shows
+  indices instead of values, or does not fit a phone.
 
-A full-page screenshot of every page lands in _build/screenshots/ (notebooks-01_gpt2.png).
+A full-page screenshot of every page at both widths lands in _build/screenshots/<view>/.
 TINYK3_SITE=/path/to/_build/html checks another build (its book root is two levels up).
 """
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
 import re
-import threading
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 import yaml
+
+from site_browser import (
+    VIEWPORTS,
+    WIDGET_STATE,
+    WIDGET_VIEW,
+    PageLog,
+    check_widgets,
+    chromium,
+    first,
+    serve,
+    wait,
+    widget_labels,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("TINYK3_SITE", REPO / "_build" / "html")).resolve()
 BOOK = SITE.parents[1] if (SITE.parents[1] / "_toc.yml").is_file() else REPO
 SHOTS = SITE.parent / "screenshots"
-CHROMIUM = os.environ.get("TINYK3_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-extensions",
-    "--disable-default-apps",
-    "--metrics-recording-only",
-    "--no-default-browser-check",
-]
-TIMEOUT_MS = 15_000
+CONFIG = yaml.safe_load((BOOK / "_config.yml").read_text()) if (BOOK / "_config.yml").is_file() else {}
 
 # Errors that are not the site's fault and that nothing in the repository can switch off.
-KNOWN_HARMLESS = [
+KNOWN_HARMLESS = (
     # Jupyter Book 1 (Sphinx 7.4) emits sphinx-thebe's inline `const THEBE_JS_URL = ...`
     # script twice on every page; the second copy throws. Thebe is not used by this site.
     "Identifier 'THEBE_JS_URL' has already been declared",
-]
-
-WIDGET_VIEW = 'script[type="application/vnd.jupyter.widget-view+json"]'
-WIDGET_STATE = 'script[type="application/vnd.jupyter.widget-state+json"]'
-
-# Raw TeX that should have become math: a delimited span, an environment, a $...$ span
-# holding TeX syntax (plain prices like "$5" do not match), or a lone delimiter.
-RAW_TEX = re.compile(
-    r"\$\$[\s\S]{0,300}?\$\$|\\\([\s\S]{0,300}?\\\)|\\\[[\s\S]{0,300}?\\\]"
-    r"|\\begin\{[A-Za-z*]+\}|\$[^$\n]{0,80}(?:\\[A-Za-z]+|[\^_])[^$\n]{0,80}\$"
-    r"|\$\$|\\\(|\\\["
 )
+
+# Raw TeX left in the rendered text (code, scripts and rendered math removed first): any
+# dollar sign, \( or \[, or an environment. The course's prose has no prices.
+RAW_TEX = re.compile(r"\$|\\\(|\\\[|\\begin\{[A-Za-z*]+\}")
 # Math in a page source: $$, $...$, \( \[, {math} roles/directives, amsmath environments.
 SOURCE_MATH = re.compile(
     r"\$\$|(?<![\\$\w])\$[^$\s][^$\n]*?(?<![\\\s])\$|\\\(|\\\[|\{math\}|\\begin\{[a-z]+\*?\}"
 )
+# The Colab / Kaggle links of a chapter, as book/_ext/tinyk3_site.py writes them.
+REPO_SLUG = CONFIG.get("repository", {}).get("url", "").removeprefix("https://github.com/")
+BRANCH = CONFIG.get("repository", {}).get("branch", "main")
 
 
 # ------------------------------------------------------------------------------------------
@@ -122,128 +123,38 @@ def prose_of(source: Path) -> str:
 PAGES = toc_files(BOOK / "_toc.yml") if (BOOK / "_toc.yml").is_file() else []
 
 
+def launch_urls(page_file: str) -> dict[str, str]:
+    path = f"{page_file}.ipynb"
+    repo = f"https://github.com/{REPO_SLUG}"
+    return {
+        "colab": f"https://colab.research.google.com/github/{REPO_SLUG}/blob/{BRANCH}/{path}",
+        "kaggle": f"https://kaggle.com/kernels/welcome?src={repo}/blob/{BRANCH}/{path}",
+    }
+
+
 # ------------------------------------------------------------------------------------------
 # fixtures
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - signature fixed by the base class
-        pass
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")
-def site():
-    """(base URL, Playwright browser) for the built site, served on a free local port."""
+def base():
+    """Base URL of the built site, served on a free local port."""
     if not (SITE / "index.html").is_file():
         pytest.fail(f"no built site at {SITE}: run `make html` first", pytrace=False)
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"no Chromium at {CHROMIUM} (Debian package `chromium`)", pytrace=False)
-    sync_api = pytest.importorskip("playwright.sync_api")
-
-    handler = functools.partial(_QuietHandler, directory=str(SITE))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}/"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    try:
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(
-                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            try:
-                yield base, browser
-            finally:
-                browser.close()
-    finally:
-        server.shutdown()
-        server.server_close()
+    for view in VIEWPORTS:
+        (SHOTS / view).mkdir(parents=True, exist_ok=True)
+    with serve(SITE) as url:
+        yield url
 
 
 # ------------------------------------------------------------------------------------------
-# the check
-
-
-class PageLog:
-    """Everything that went wrong on the network and in the console of one page."""
-
-    def __init__(self, page, context):
-        self.problems: list[str] = []
-        self.blocked: list[str] = []
-        self.bad_urls: set[str] = set()  # reported once, not again as console/failed
-
-        def route(route):
-            url = route.request.url
-            if urlparse(url).hostname == "127.0.0.1":
-                route.continue_()
-            else:
-                self.blocked.append(url)
-                route.abort("blockedbyclient")
-
-        context.route("**/*", route)
-        page.on("requestfailed", self._failed)
-        page.on("response", self._response)
-        page.on("console", self._console)
-        page.on("pageerror", self._pageerror)
-
-    @staticmethod
-    def _ignored(url: str) -> bool:
-        # The browser asks for /favicon.ico by itself when a page declares no icon.
-        return urlparse(url).path == "/favicon.ico"
-
-    def _failed(self, request):
-        url = request.url
-        if url in self.blocked or url in self.bad_urls or self._ignored(url):
-            return
-        self.bad_urls.add(url)
-        self.problems.append(f"request failed ({request.failure}): {url}")
-
-    def _response(self, response):
-        url = response.url
-        if response.status >= 400 and not self._ignored(url) and url not in self.bad_urls:
-            self.bad_urls.add(url)
-            self.problems.append(f"HTTP {response.status}: {url}")
-
-    def _console(self, msg):
-        if msg.type != "error":
-            return
-        where = (msg.location or {}).get("url", "")
-        if self._ignored(where) or any(k in msg.text for k in KNOWN_HARMLESS):
-            return
-        if msg.text.startswith("Failed to load resource") and (
-                where in self.bad_urls or where in self.blocked):
-            return  # the request itself is reported
-        self.problems.append(f"console error: {msg.text[:500]} (at {where})")
-
-    def _pageerror(self, error):
-        text = str(error)
-        if any(k in text for k in KNOWN_HARMLESS):
-            return
-        self.problems.append(f"uncaught page error: {text[:500]}")
-
-    def report(self) -> list[str]:
-        return [f"request to another host (blocked): {u}" for u in self.blocked] + self.problems
-
-
-def _first(messages, n: int = 5) -> list[str]:
-    """The first n messages, and how many more there were."""
-    messages = list(messages)
-    more = [f"... and {len(messages) - n} more like that"] if len(messages) > n else []
-    return messages[:n] + more
-
-
-def _wait(page, problems: list[str], expression: str, what: str, arg=None) -> bool:
-    try:
-        page.wait_for_function(expression, arg=arg, timeout=TIMEOUT_MS)
-        return True
-    except Exception as exc:  # Playwright's TimeoutError, or an error inside the expression
-        problems.append(f"{what} (waited {TIMEOUT_MS // 1000} s): {str(exc).splitlines()[0]}")
-        return False
-
-
-JS_WIDGETS_DONE = f"""() => [...document.querySelectorAll('{WIDGET_VIEW}')].every(s => {{
-  const area = s.previousElementSibling;
-  return area && area.classList.contains('widget-subarea') && area.childElementCount > 0;
-}})"""
+# what is measured on a page
 
 JS_MATH_STATE = """() => {
   const root = document.querySelector('article') || document.body;
@@ -251,15 +162,23 @@ JS_MATH_STATE = """() => {
     .filter(e => !e.querySelector('mjx-container') && !e.closest('mjx-container'))
     .map(e => e.textContent.trim().slice(0, 80));
   const clone = root.cloneNode(true);
-  clone.querySelectorAll('pre, code, script, style, textarea, mjx-container, .highlight')
-    .forEach(e => e.remove());
+  clone.querySelectorAll('pre, code, script, style, textarea, mjx-container, .highlight, '
+                         + '.widget-subarea').forEach(e => e.remove());
   return {rendered: root.querySelectorAll('mjx-container').length, unrendered,
           text: clone.textContent};
 }"""
 
-JS_IMAGES = """() => [...document.images].map(i => ({
-  src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0,
-  output: !!i.closest('.cell_output')}))"""
+# Every image; for cell outputs (not widget pictures) also its figure, caption, alt text and
+# the width it asks for (retina output metadata: the width attribute) against its shown one.
+JS_IMAGES = """() => [...document.images].map(i => {
+  const fig = i.closest('figure');
+  const cap = fig && fig.querySelector('figcaption');
+  return {src: (i.currentSrc || i.src).slice(0, 120), ok: i.complete && i.naturalWidth > 0,
+          output: !!i.closest('.cell_output') && !i.closest('.widget-subarea'),
+          alt: i.getAttribute('alt') || '', caption: cap ? cap.textContent.trim() : '',
+          wanted: parseFloat(i.getAttribute('width')) || 0,
+          shown: i.getBoundingClientRect().width};
+})"""
 
 # sphinx-togglebutton folds an admonition by giving it `toggle-hidden`: its children after
 # the title get visibility: hidden and height 0.
@@ -271,163 +190,311 @@ JS_SOLUTIONS = f"""() => [...document.querySelectorAll('.solution')].map(s => ({
   button: !!s.querySelector(':scope > .admonition-title .toggle-button'),
   shown: ({JS_SHOWN})(s)}}))"""
 
-JS_WIDGETS = f"""() => {{
-  const views = document.querySelectorAll('{WIDGET_VIEW}').length;
-  const state = document.querySelectorAll('{WIDGET_STATE}').length;
-  const areas = [...document.querySelectorAll('.widget-subarea')];
-  return {{views, state, areas: areas.length,
-    empty: areas.filter(a => !a.querySelector('.jupyter-widgets')).length,
-    visible: areas.filter(a => a.checkVisibility()).length,
-    errors: [...document.querySelectorAll('.jupyter-widgets-error-widget')]
-             .map(e => e.textContent.slice(0, 200)),
-    sliders: document.querySelectorAll('.widget-subarea .widget-slider').length}};
-}}"""
-
-# In each widget area that has a slider and images, press End on each slider handle until
-# the visible picture changes: the jslinks work without a kernel.
-JS_VISIBLE_IMAGES = """(i) => {
-  const area = [...document.querySelectorAll('.widget-subarea')][i];
-  return [...area.querySelectorAll('img')].filter(im => im.checkVisibility())
-    .map(im => im.src).join(' ');
+# Blocks that scroll sideways, by kind, and how wide the page itself is.
+JS_OVERFLOW = """() => {
+  const root = document.querySelector('article') || document.body;
+  const kind = b => b.closest('.cell_input') ? 'code'
+    : b.closest('.widget-subarea') ? 'widget'
+    : b.closest('.cell_output') ? 'output'
+    : b.matches('.pst-scrollable-table-container') ? 'table'
+    : b.matches('mjx-container') ? 'math' : 'listing';
+  const blocks = [...root.querySelectorAll(
+    'pre, .pst-scrollable-table-container, mjx-container[display="true"]')];
+  const counts = {code: 0, output: 0, widget: 0, table: 0, math: 0, listing: 0};
+  const examples = [];
+  const unmarked = [];
+  for (const b of blocks) {
+    if (!(b.scrollWidth > b.clientWidth + 1) || !b.checkVisibility()) continue;
+    const k = kind(b);
+    counts[k] += 1;
+    if (examples.length < 4) examples.push(`${k}: ${b.textContent.trim().slice(0, 70)}`);
+    const cs = getComputedStyle(b);
+    if ((k === 'table' || k === 'math') && !(cs.overflowX === 'auto'
+        && cs.backgroundImage.includes('gradient'))) unmarked.push(k);
+  }
+  const de = document.documentElement;
+  return {counts, examples, unmarked, blocks: blocks.length,
+          page: de.scrollWidth, screen: de.clientWidth};
 }"""
 
+JS_SIDEBARS = """() => {
+  const box = e => { if (!e || !e.checkVisibility()) return null;
+    const r = e.getBoundingClientRect(); return r.width > 0 && r.right > 0 && r.left < innerWidth; };
+  const primary = document.getElementById('pst-primary-sidebar-modal');
+  const secondary = document.getElementById('pst-secondary-sidebar-modal');
+  return {primaryModal: !!(primary && primary.open),
+          primaryLinks: primary ? primary.querySelectorAll('a').length : 0,
+          secondaryModal: !!(secondary && secondary.open),
+          secondaryLinks: secondary ? secondary.querySelectorAll('a').length : 0,
+          sidebar: box(document.querySelector('.bd-sidebar-primary'))};
+}"""
 
-def check_widgets(page, problems: list[str]) -> None:
-    info = page.evaluate(JS_WIDGETS)
-    if not info["views"]:
-        return
-    if not info["state"]:
-        problems.append(
-            f"{info['views']} widget views but no saved widget state: execute the notebook "
-            "with nbclient/`make run-notebooks` (store_widget_state) before building")
-        return
-    if info["areas"] < info["views"] or info["empty"]:
-        problems.append(f"widgets not rendered: {info['views']} views, {info['areas']} areas, "
-                        f"{info['empty']} empty")
-    if not info["visible"]:
-        problems.append("no rendered widget is visible")
-    for err in info["errors"]:
-        problems.append(f"widget error view: {' '.join(err.split())}")
+JS_LAUNCH = """() => [...document.querySelectorAll('a.tinyk3-launch')].map(a => ({
+  href: a.href, text: a.textContent.trim(), visible: a.checkVisibility(),
+  top: a.getBoundingClientRect().top}))"""
 
-    areas = page.locator(".widget-subarea")
-    for i in range(areas.count()):
-        area = areas.nth(i)
-        handles = area.locator(".widget-slider .noUi-handle")
-        # Folded outputs (hide-output, solutions) stay folded: only visible areas are tried.
-        if not area.is_visible() or not handles.count() or not area.locator("img").count():
-            continue
-        before = page.evaluate(JS_VISIBLE_IMAGES, i)
-        changed = False
-        for h in range(handles.count()):
-            handle = handles.nth(h)
-            if not handle.is_visible():
-                continue
-            handle.focus()
-            handle.press("End")
+
+def settle(page, problems: list[str]) -> None:
+    """Wait for widgets, MathJax, images and the network to finish."""
+    if page.locator(WIDGET_VIEW).count() and page.locator(WIDGET_STATE).count():
+        wait(page, problems, "() => [...document.querySelectorAll("
+             f"'{WIDGET_VIEW}')].every(s => s.previousElementSibling && "
+             "s.previousElementSibling.classList.contains('widget-subarea') && "
+             "s.previousElementSibling.childElementCount > 0)",
+             "widgets did not finish rendering")
+    if page.locator('script[src*="mathjax/"]').count():
+        if wait(page, problems, "() => window.MathJax && MathJax.startup"
+                " && MathJax.startup.promise && MathJax.typesetPromise",
+                "MathJax did not start"):
             try:
-                page.wait_for_function(f"(b) => ({JS_VISIBLE_IMAGES})({i}) !== b",
-                                       arg=before, timeout=2_000)
-                changed = True
-                handle.press("Home")
-                break
-            except Exception:
-                handle.press("Home")
-        if not changed:
-            problems.append(f"widget area {i}: moving its sliders did not change the picture "
-                            "(jslink to a Stack of images not working?)")
+                page.evaluate("() => MathJax.startup.promise.then(() => true)")
+            except Exception as exc:
+                problems.append(f"MathJax failed: {str(exc).splitlines()[0]}")
+    wait(page, problems, "() => [...document.images].every(i => i.complete)",
+         "images did not finish loading")
+    page.wait_for_load_state("networkidle")
+
+
+def check_text(page, source: Path, problems: list[str]) -> None:
+    math = page.evaluate(JS_MATH_STATE)
+    if SOURCE_MATH.search(prose_of(source)) and not math["rendered"]:
+        problems.append("the source has math but MathJax rendered none (no mjx-container)")
+    problems += first(f"math element not rendered by MathJax: {t!r}" for t in math["unrendered"])
+    text = math["text"]
+    problems += first(f"raw TeX in the page text: {text[max(0, m.start() - 40):m.end() + 40]!r}"
+                      for m in RAW_TEX.finditer(text))
+    for placeholder in ("@REPO_URL@", "@REPO_DIR@", "<the repository URL>", "<the folder>"):
+        if placeholder in page.content():
+            problems.append(f"placeholder {placeholder!r} left in the page")
+
+
+def check_overflow(page, view: str, page_file: str, problems: list[str]) -> dict:
+    info = page.evaluate(JS_OVERFLOW)
+    if info["page"] > info["screen"] + 1:
+        problems.append(f"the page is {info['page']} px wide on a {info['screen']} px screen "
+                        "(it scrolls sideways as a whole)")
+    c = info["counts"]
+    scrolling_allowed = {"desktop": {"table", "math"},
+                         "phone": {"code", "table", "math", "listing"}}[view]
+    for k, n in c.items():
+        if n and k not in scrolling_allowed:
+            problems.append(f"{n} {k} block(s) scroll sideways at {view} width; e.g. "
+                            + " | ".join(e for e in info["examples"] if e.startswith(k))[:300])
+    for k in info["unmarked"]:
+        problems.append(f"a wide {k} scrolls with no shadow showing that it does")
+    record = SHOTS / f"overflow-{view}.json"
+    data = json.loads(record.read_text()) if record.is_file() else {}
+    data[page_file] = {"blocks": info["blocks"], "scrolling": c}
+    record.write_text(json.dumps(data, indent=1, sort_keys=True))
+    return info
+
+
+def check_print(page, problems: list[str]) -> None:
+    """At a sheet of paper's width (A4 at 96 dpi, less margins), in print media: no block
+    cuts text off on the right."""
+    page.set_viewport_size({"width": 700, "height": 900})
+    page.emulate_media(media="print")
+    info = page.evaluate(JS_OVERFLOW)
+    cut = {k: n for k, n in info["counts"].items() if n and k in ("code", "output", "listing")}
+    if cut:
+        problems.append(f"in print, blocks wider than the page (text lost): {cut}; e.g. "
+                        + " | ".join(info["examples"])[:300])
+    page.emulate_media(media="screen")
+    page.set_viewport_size(VIEWPORTS["desktop"]["viewport"])
+
+
+def check_figures(images: list[dict], notebook: bool, view: str, problems: list[str]) -> None:
+    for img in images:
+        if not img["ok"]:
+            problems.append(f"image did not load: {img['src']}")
+    figures = [i for i in images if i["ok"] and i["output"]]
+    if notebook and not figures:
+        problems.append("chapter page has no figure (no loaded <img> in a cell output)")
+    for img in figures:
+        alt = img["alt"].strip()
+        if not img["caption"]:
+            problems.append(f"figure without a caption (mystnb.figure.caption): alt {alt[:60]!r}")
+        if len(alt.split()) < 3 or re.search(r"\.(png|svg|jpe?g)$|^_images/|/", alt):
+            problems.append(f"figure alt text {alt[:80]!r} does not describe it "
+                            "(mystnb.image.alt)")
+        if not img["wanted"]:
+            problems.append(f"figure {alt[:40]!r} has no display width (stored without the "
+                            "retina metadata of tinyk3.setup())")
+        elif view == "desktop" and img["shown"] < 0.9 * img["wanted"]:
+            problems.append(f"figure {alt[:40]!r} squeezed to {img['shown']:.0f} px of its "
+                            f"{img['wanted']:.0f} (make it at most 6.8 in wide)")
+
+
+def check_solutions(page, notebook: bool, problems: list[str]) -> None:
+    solutions = page.evaluate(JS_SOLUTIONS)
+    if notebook and not solutions:
+        problems.append("chapter page has no solution (expected `{solution-start}` with "
+                        "`:class: dropdown` after the exercises)")
+    for s in solutions:
+        if "dropdown" not in s["cls"].split():
+            problems.append(f"solution {s['id']} is not a dropdown (add `:class: dropdown`)"
+                            f"; classes: {s['cls']}")
+        elif not s["button"]:
+            problems.append(f"solution {s['id']} has no toggle button (sphinx-togglebutton "
+                            "did not fold it)")
+        elif s["shown"]:
+            problems.append(f"solution {s['id']} is not folded by default")
+    if solutions and solutions[0]["button"]:
+        sid = solutions[0]["id"]
+        page.locator(".solution .toggle-button").first.click()
+        if not wait(page, [], f"(id) => ({JS_SHOWN})(document.getElementById(id))", "",
+                    arg=sid):
+            problems.append(f"solution {sid} does not unfold when its button is clicked")
+
+
+def check_menus(page, view: str, problems: list[str]) -> None:
+    """Phone: tapping ☰ opens the chapter menu, tapping the contents button opens the page's
+    contents. Desktop: clicking ☰ collapses the sidebar and clicking it again restores it."""
+    toggles = page.locator(".primary-toggle").filter(visible=True)
+    if not toggles.count():
+        problems.append(f"no visible ☰ (primary sidebar toggle) at {view} width")
+        return
+    if view == "phone":
+        toggles.first.tap()
+        if not wait(page, [], f"() => ({JS_SIDEBARS})().primaryModal", ""):
+            problems.append("tapping ☰ on a phone does not open the chapter menu")
+        else:
+            state = page.evaluate(JS_SIDEBARS)
+            if not state["sidebar"] or state["primaryLinks"] < 3:
+                problems.append(f"the chapter menu opened but shows {state['primaryLinks']} "
+                                "links / is off-screen")
+        page.keyboard.press("Escape")
+        wait(page, problems, f"() => !({JS_SIDEBARS})().primaryModal",
+             "the chapter menu did not close on Escape")
+        contents = page.locator(".secondary-toggle").filter(visible=True)
+        if page.locator("#pst-page-toc-nav a").count() and contents.count():
+            contents.first.tap()
+            if not wait(page, [], f"() => ({JS_SIDEBARS})().secondaryModal", ""):
+                problems.append("tapping the contents button on a phone does not open the "
+                                "page's contents")
+            page.keyboard.press("Escape")
+        elif page.locator("#pst-page-toc-nav a").count():
+            problems.append("the page has contents but no visible contents button on a phone")
+    else:
+        toggles.first.click()
+        if not wait(page, [], f"() => !({JS_SIDEBARS})().sidebar", ""):
+            problems.append("clicking ☰ on a desktop does not collapse the sidebar")
+        toggles.first.click()
+        if not wait(page, [], f"() => ({JS_SIDEBARS})().sidebar", ""):
+            problems.append("clicking ☰ again on a desktop does not bring the sidebar back")
+
+
+def check_launch(page, page_file: str, view: str, problems: list[str]) -> None:
+    links = page.evaluate(JS_LAUNCH)
+    height = VIEWPORTS[view]["viewport"]["height"]
+    want = launch_urls(page_file)
+    for host, url in want.items():
+        found = [a for a in links if a["href"] == url]
+        if not found:
+            problems.append(f"no 'Open in {host.title()}' badge linking to {url}")
+        elif not found[0]["visible"] or found[0]["top"] > height:
+            problems.append(f"the 'Open in {host.title()}' badge is not in the first screen "
+                            f"at {view} width (top {found[0]['top']:.0f} px)")
+
+
+# ------------------------------------------------------------------------------------------
+# the tests
 
 
 @pytest.mark.browser
+@pytest.mark.parametrize("view", list(VIEWPORTS))
 @pytest.mark.parametrize("page_file", PAGES)
-def test_page(site, page_file):
-    base, browser = site
+def test_page(browser, base, page_file, view):
     source = source_of(page_file)
     assert source is not None, f"{page_file} is in _toc.yml but has no source under {BOOK}"
     notebook = source.suffix == ".ipynb"
     html = SITE / f"{page_file}.html"
     assert html.is_file(), f"{html} missing: rebuild the site (`make html`)"
 
-    context = browser.new_context(viewport={"width": 1280, "height": 900},
-                                  service_workers="block")
+    context = browser.new_context(service_workers="block", **VIEWPORTS[view])
     page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    log = PageLog(page, context)
+    page.set_default_timeout(15_000)
+    log = PageLog(page, context, harmless=KNOWN_HARMLESS)
     problems: list[str] = []
     url = base + f"{page_file}.html"
     try:
         page.goto(url, wait_until="load")
-
-        # Widgets render after the load event; then MathJax has every typeset queued.
-        if page.locator(WIDGET_VIEW).count() and page.locator(WIDGET_STATE).count():
-            _wait(page, problems, JS_WIDGETS_DONE, "widgets did not finish rendering")
-        if page.locator('script[src*="mathjax/"]').count():
-            if _wait(page, problems, "() => window.MathJax && MathJax.startup"
-                     " && MathJax.startup.promise && MathJax.typesetPromise",
-                     "MathJax did not start"):
-                try:
-                    page.evaluate("() => MathJax.startup.promise.then(() => true)")
-                except Exception as exc:
-                    problems.append(f"MathJax failed: {str(exc).splitlines()[0]}")
-        _wait(page, problems, "() => [...document.images].every(i => i.complete)",
-              "images did not finish loading")
-        page.wait_for_load_state("networkidle")
-        page.screenshot(path=str(SHOTS / f"{page_file.replace('/', '-')}.png"),
+        settle(page, problems)
+        page.screenshot(path=str(SHOTS / view / f"{page_file.replace('/', '-')}.png"),
                         full_page=True)
-
-        # Math: every math element rendered, no TeX left in the text.
-        math = page.evaluate(JS_MATH_STATE)
-        if SOURCE_MATH.search(prose_of(source)) and not math["rendered"]:
-            problems.append("the source has math but MathJax rendered none (no mjx-container)")
-        problems += _first(f"math element not rendered by MathJax: {t!r}"
-                           for t in math["unrendered"])
-        problems += _first(f"raw TeX in the page text: {m.group(0)[:100]!r}"
-                           for m in RAW_TEX.finditer(math["text"]))
-
-        # Images: all loaded; chapters show at least one figure.
-        images = page.evaluate(JS_IMAGES)
-        for img in images:
-            if not img["ok"]:
-                problems.append(f"image did not load: {img['src'][:200]}")
-        if notebook and not any(i["ok"] and i["output"] for i in images):
-            problems.append("chapter page has no figure (no loaded <img> in a cell output)")
-
-        # Solutions: folded by sphinx-togglebutton; a click unfolds them.
-        solutions = page.evaluate(JS_SOLUTIONS)
-        if notebook and not solutions:
-            problems.append("chapter page has no solution (expected `{solution-start}` with "
-                            "`:class: dropdown` after the exercises)")
-        for s in solutions:
-            if "dropdown" not in s["cls"].split():
-                problems.append(f"solution {s['id']} is not a dropdown (add `:class: dropdown`)"
-                                f"; classes: {s['cls']}")
-            elif not s["button"]:
-                problems.append(f"solution {s['id']} has no toggle button (sphinx-togglebutton "
-                                "did not fold it)")
-            elif s["shown"]:
-                problems.append(f"solution {s['id']} is not folded by default")
-        if solutions and solutions[0]["button"]:
-            sid = solutions[0]["id"]
-            page.locator(".solution .toggle-button").first.click()
-            if not _wait(page, [], f"(id) => ({JS_SHOWN})(document.getElementById(id))", "",
-                         arg=sid):
-                problems.append(f"solution {sid} does not unfold when its button is clicked")
-
-        check_widgets(page, problems)
+        check_text(page, source, problems)
+        check_overflow(page, view, page_file, problems)
+        check_figures(page.evaluate(JS_IMAGES), notebook, view, problems)
+        if notebook:
+            check_launch(page, page_file, view, problems)
+        if view == "phone":
+            title = page.locator("article h1").first
+            if title.count() and title.bounding_box()["height"] > 0.5 * 844:
+                problems.append("the title fills more than half of a phone's first screen")
+        labels = None
+        if notebook:
+            nb = json.loads(source.read_text(encoding="utf-8"))
+            state = nb.get("metadata", {}).get("widgets", {}).get(
+                "application/vnd.jupyter.widget-state+json", {})
+            labels = widget_labels(state)
+        check_widgets(page, problems, labels=labels, phone=view == "phone")
+        check_menus(page, view, problems)
+        if view == "desktop":
+            check_solutions(page, notebook, problems)
+            check_print(page, problems)
         page.wait_for_load_state("networkidle")
     finally:
         context.close()
 
     problems = log.report() + problems
-    assert not problems, f"{url} ({source.relative_to(BOOK)}):\n  " + "\n  ".join(problems)
+    assert not problems, f"{url} at {view} width ({source.relative_to(BOOK)}):\n  " + \
+        "\n  ".join(problems)
 
 
 @pytest.mark.browser
 @pytest.mark.parametrize("page_file", [p for p in PAGES if p.startswith("notebooks/")])
-def test_notebook_page_has_a_colab_button_for_its_own_notebook(page_file):
-    """The launch button opens this very notebook, from the repository set in _config.yml."""
-    config = yaml.safe_load((BOOK / "_config.yml").read_text())
-    repo = config["repository"]["url"].removeprefix("https://github.com/")
-    branch = config["repository"].get("branch", "main")
+def test_notebook_page_links_its_own_notebook_in_colab_and_kaggle(page_file):
+    """The badges (and the theme's launch menu) open this very notebook, from the repository
+    set in _config.yml."""
     html = (SITE / f"{page_file}.html").read_text()
-    want = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{page_file}.ipynb"
-    assert want in html, f"{page_file}.html has no Colab link {want}"
+    for host, url in launch_urls(page_file).items():
+        assert url.replace("&", "&amp;") in html or url in html, f"no {host} link {url}"
+
+
+@pytest.mark.browser
+def test_every_page_has_the_favicon_and_no_placeholder():
+    for page_file in PAGES:
+        html = (SITE / f"{page_file}.html").read_text()
+        icons = re.findall(r'<link rel="icon" href="([^"]+)"', html)
+        assert icons, f"{page_file}.html declares no favicon"
+        assert (SITE / page_file).parent.joinpath(icons[0]).resolve().is_file(), icons[0]
+
+
+@pytest.mark.browser
+def test_the_404_page_is_self_contained_and_links_home():
+    page = (SITE / "404.html").read_text()
+    owner, name = REPO_SLUG.split("/")
+    assert f'href="https://{owner.lower()}.github.io/{name}/"' in page
+    # GitHub Pages serves it at any depth: it must load nothing by a relative path.
+    assert not re.search(r'<(script|link|img)\b', page), "404.html loads other files"
+
+
+@pytest.mark.browser
+def test_landing_page_guide_states_the_stored_run_times():
+    """The at-a-glance chapter table lists every chapter with the time its stored full run
+    printed (read here independently of the extension that wrote the table)."""
+    html = (SITE / "book" / "intro.html").read_text()
+    for needed in ("Prerequisites", "Start with", "Colab"):
+        assert needed in html, f"the landing page has no {needed!r}"
+    chapters = [p for p in PAGES if p.startswith("notebooks/")]
+    rows = re.findall(r'<tr class="row-(?:odd|even)"><td><p>(\d+)</p></td>\s*<td><p>'
+                      r'<a class="reference internal" href="([^"]+)">', html)
+    assert [href.split("/")[-1].removesuffix(".html") for _, href in rows] == \
+        [p.split("/")[-1] for p in chapters]
+    for page_file in chapters:
+        nb = json.loads((BOOK / f"{page_file}.ipynb").read_text())
+        last = [c for c in nb["cells"] if c["cell_type"] == "code"][-1]
+        text = "".join("".join(o.get("text", "")) for o in last["outputs"])
+        seconds = int(re.search(r"ran in (\d+) s", text).group(1))
+        shown = f"{seconds} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+        assert f"<td><p>{shown}</p></td>" in html, f"{page_file}: {shown} not in the guide"

@@ -25,7 +25,9 @@ STACK_CLASS = "tinyk3-stack"
 STACK_STYLE = (
     f"<style>.{STACK_CLASS} > .p-TabBar, .{STACK_CLASS} > .lm-TabBar "
     "{display: none !important;}"
-    f" .{STACK_CLASS} > .widget-tab-contents {{border: none; padding: 0;}}</style>"
+    f" .{STACK_CLASS} > .widget-tab-contents, .{STACK_CLASS} > .p-TabPanel-stackedPanel,"
+    f" .{STACK_CLASS} > .lm-TabPanel-stackedPanel"
+    " {border: none !important; padding: 0 !important;}</style>"
 )
 
 

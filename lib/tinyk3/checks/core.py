@@ -12,6 +12,7 @@ import copy
 import difflib
 import inspect
 import math
+import textwrap
 import traceback
 import zlib
 from collections.abc import Callable
@@ -20,7 +21,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "EXERCISES", "register", "run"]
+__all__ = ["Case", "Mistake", "Exercise", "CheckResult", "EXERCISES", "register", "run",
+           "wrap_report", "REPORT_WIDTH"]
+
+#: Printed reports are wrapped to this many columns: the width of the website's code and
+#: output blocks, so a hint or an error is never cut off on the right.
+REPORT_WIDTH = 88
 
 
 @dataclass
@@ -255,12 +261,25 @@ def _tinyk3_pkg():
 
 # -- running a check -------------------------------------------------------------------------
 
+def wrap_report(report: str, width: int = REPORT_WIDTH) -> str:
+    """The report as printed: each line wrapped to ``width`` columns, continuation lines
+    indented like the line they continue (plus three spaces under the first line)."""
+    out = []
+    for line in report.splitlines():
+        body = line.lstrip(" ")
+        indent = " " * (len(line) - len(body))
+        more = indent if indent else "   "
+        out += textwrap.wrap(body, width=width, initial_indent=indent, subsequent_indent=more,
+                             break_long_words=True, break_on_hyphens=False) or [""]
+    return "\n".join(out)
+
+
 def run(exercise_id: str, fn: Callable, *, verbose: bool = True) -> CheckResult:
     """Check ``fn`` against the reference of ``exercise_id`` on every case; print a report."""
 
     def done(result: CheckResult) -> CheckResult:
         if verbose:
-            print(result.report)
+            print(wrap_report(result.report))
         return result
 
     exercise = EXERCISES.get(exercise_id)

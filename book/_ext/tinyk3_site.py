@@ -1,0 +1,214 @@
+"""The course's own Sphinx extension (loaded by _config.yml, `sphinx.local_extensions`).
+
+What the themes do not do for this site, in one place:
+
+* ``site.css`` / ``site.js`` on every page (book/_ext/static/): outputs, autograder reports
+  and printed pages wrap instead of being cut off; wide tables and equations scroll inside
+  their box with a visible shadow; a smaller title on phones; and the fix for the sidebar
+  buttons of pydata-sphinx-theme 0.17 / sphinx-book-theme 1.3 (pydata-sphinx-theme issue
+  2451: only the first ``.primary-toggle`` / ``.secondary-toggle`` on a page gets the
+  themes' click handlers, and on sphinx-book-theme that is a hidden one).
+* An "Open in Colab" and an "Open in Kaggle" badge under the title of every chapter,
+  linking to the chapter's own notebook in the repository named in _config.yml
+  (``repository.url``, the one place the URL is written; no outside image is loaded).
+* ``@REPO_URL@`` and ``@REPO_DIR@`` in a page's source become that URL and the folder a
+  ``git clone`` of it makes (code blocks included), so no page spells the URL itself.
+* The ``{chapter-guide}`` directive: one row per chapter in the table of contents, with the
+  time its stored full-size run took (read from the notebook's last output, "This notebook
+  ran in N s.") and its number of exercises, so the landing page states measured times.
+* A self-contained ``404.html`` (GitHub Pages serves it for any missing path, at any depth,
+  so it links to the site by absolute URL and loads nothing).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+from docutils import nodes
+from docutils.parsers.rst import Directive
+from sphinx.application import Sphinx
+
+STATIC = Path(__file__).parent / "static"
+RAN_IN = re.compile(r"This notebook ran in (\d+) s\.")
+
+
+def _repo(app: Sphinx) -> tuple[str, str]:
+    opts = app.config.html_theme_options or {}
+    url = str(opts.get("repository_url", "")).rstrip("/")
+    if not url.startswith("https://github.com/"):
+        raise ValueError(f"_config.yml repository.url must be a GitHub URL, got {url!r}")
+    return url, str(opts.get("repository_branch", "main"))
+
+
+def site_url(repo_url: str) -> str:
+    """Where GitHub Pages publishes the repository's site: https://OWNER.github.io/NAME/."""
+    owner, name = repo_url.removeprefix("https://github.com/").split("/")[:2]
+    return f"https://{owner.lower()}.github.io/{name}/"
+
+
+def launch_links(repo_url: str, branch: str, path: str) -> dict[str, str]:
+    """Colab and Kaggle links that open the notebook at ``path`` (repository-relative)."""
+    slug = repo_url.removeprefix("https://github.com/")
+    return {
+        "Colab": f"https://colab.research.google.com/github/{slug}/blob/{branch}/{path}",
+        "Kaggle": f"https://kaggle.com/kernels/welcome?src={repo_url}/blob/{branch}/{path}",
+    }
+
+
+# -- sources ---------------------------------------------------------------------------------
+
+def _substitute(app: Sphinx, docname: str, source: list[str]) -> None:
+    url, _ = _repo(app)
+    source[0] = source[0].replace("@REPO_URL@", url).replace("@REPO_DIR@", url.rsplit("/", 1)[1])
+
+
+# -- badges ----------------------------------------------------------------------------------
+
+def _badges(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    if not docname.startswith("notebooks/"):
+        return
+    source = Path(app.env.doc2path(docname))
+    url, branch = _repo(app)
+    path = source.relative_to(Path(app.srcdir)).as_posix()
+    links = "".join(
+        f'<a class="tinyk3-launch tinyk3-launch-{host.lower()}" href="{html.escape(href)}" '
+        f'target="_blank" rel="noopener">Open in {host}</a>'
+        for host, href in launch_links(url, branch, path).items())
+    raw = nodes.raw("", f'<p class="tinyk3-launch-bar">{links}</p>', format="html")
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None or not isinstance(section[0], nodes.title):
+        return
+    section.insert(1, raw)
+
+
+# -- the chapter guide -----------------------------------------------------------------------
+
+def chapter_rows(srcdir: Path, toc_files: list[str]) -> list[dict]:
+    """Title, run time (s) and exercise count of each notebook in the table of contents."""
+    rows = []
+    for file in toc_files:
+        path = srcdir / f"{file}.ipynb"
+        if not path.is_file():
+            continue
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        markdown = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+        title = next((line[2:].strip() for text in markdown for line in text.splitlines()
+                      if line.startswith("# ")), file)
+        outputs = "".join(o.get("text", "") if isinstance(o.get("text", ""), str)
+                          else "".join(o["text"])
+                          for c in nb["cells"] if c["cell_type"] == "code"
+                          for o in c.get("outputs", []))
+        times = RAN_IN.findall(outputs)
+        exercises = sum(text.count("```{exercise}") for text in markdown)
+        rows.append({"file": file, "title": title,
+                     "seconds": int(times[-1]) if times else None, "exercises": exercises})
+    return rows
+
+
+def _toc_files(app: Sphinx) -> list[str]:
+    import yaml
+
+    toc = yaml.safe_load((Path(app.srcdir) / "_toc.yml").read_text())
+    return [c["file"] for part in toc.get("parts", []) for c in part.get("chapters", [])]
+
+
+class ChapterGuide(Directive):
+    """A table: chapter (linked), run time at full size, exercises."""
+
+    has_content = False
+
+    def run(self):
+        env = self.state.document.settings.env
+        app = env.app
+        rows = chapter_rows(Path(app.srcdir), _toc_files(app))
+        if not rows:
+            raise self.error("chapter-guide: no chapter notebooks in _toc.yml")
+        missing = [r["file"] for r in rows if r["seconds"] is None]
+        if missing:
+            raise self.error(f"chapter-guide: no stored 'This notebook ran in N s.' in {missing}"
+                             " (store a full run: make book)")
+        table = nodes.table(classes=["tinyk3-chapter-guide"])
+        group = nodes.tgroup(cols=4)
+        table += group
+        for width in (6, 60, 18, 16):
+            group += nodes.colspec(colwidth=width)
+        head = nodes.thead()
+        group += head
+        head += self._row(["", "Chapter", "Runs in", "Exercises"])
+        body = nodes.tbody()
+        group += body
+        here = env.docname
+        for n, r in enumerate(rows, start=1):
+            ref = nodes.reference("", r["title"], internal=True,
+                                  refuri=app.builder.get_relative_uri(here, r["file"]))
+            minutes = r["seconds"] / 60
+            took = f"{r['seconds']} s" if r["seconds"] < 90 else f"{minutes:.1f} min"
+            body += self._row([str(n), ref, took, str(r["exercises"])])
+        total = sum(r["seconds"] for r in rows)
+        note = nodes.paragraph(text=(
+            f"Run times are those of the stored full-size runs on two CPU cores "
+            f"({total / 60:.0f} minutes for all {len(rows)} chapters); with SMOKE = True a "
+            "chapter runs in seconds. Reading and the exercises take longer: plan an evening "
+            "per chapter."))
+        return [table, note]
+
+    @staticmethod
+    def _row(cells) -> nodes.row:
+        row = nodes.row()
+        for cell in cells:
+            entry = nodes.entry()
+            para = nodes.paragraph()
+            para += cell if isinstance(cell, nodes.Node) else nodes.Text(cell)
+            entry += para
+            row += entry
+        return row
+
+
+# -- 404 -------------------------------------------------------------------------------------
+
+PAGE_404 = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Page not found · {title}</title>
+<style>
+body {{ font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; max-width: 36rem;
+       margin: 4rem auto; padding: 0 1.25rem; line-height: 1.5; color: #222; }}
+h1 {{ font-size: 1.6rem; }} a {{ color: #0a58ca; }}
+</style></head>
+<body>
+<h1>Page not found</h1>
+<p>There is no page at this address in <em>{title}</em>. Chapters are numbered
+<code>notebooks/NN_name.html</code>; a page may have moved when the book grew.</p>
+<p><a href="{home}">Go to the start of the book</a> or use its search.</p>
+</body></html>
+"""
+
+
+def _write_404(app: Sphinx, exception) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    url, _ = _repo(app)
+    title = html.escape(app.config.html_title or app.config.project)
+    home = html.escape(site_url(url))
+    (Path(app.outdir) / "404.html").write_text(PAGE_404.format(title=title, home=home),
+                                             encoding="utf-8")
+
+
+# -- setup -----------------------------------------------------------------------------------
+
+def _static(app: Sphinx, config) -> None:
+    config.html_static_path = [*config.html_static_path, str(STATIC)]
+
+
+def setup(app: Sphinx) -> dict:
+    app.connect("config-inited", _static)
+    app.add_css_file("tinyk3/site.css")
+    app.add_js_file("tinyk3/site.js")
+    app.connect("source-read", _substitute)
+    app.connect("doctree-resolved", _badges)
+    app.connect("build-finished", _write_404)
+    app.add_directive("chapter-guide", ChapterGuide)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
