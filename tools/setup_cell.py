@@ -21,10 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SETUP = '''\
-# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install it
-# from the repository without changing any package already installed: each one is pinned
-# to its installed version, so pip adds only what is missing (or stops and says why).
-# Locally, `make book` or `pip install -e .` has installed it. Then fix threads and seeds.
+# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
+# it from the repository without changing any package already installed: each one is
+# pinned to its installed version, so pip adds only what is missing (or stops and says
+# why). Locally, `make book` or `pip install -e .` has installed it. Then fix threads
+# and seeds.
 import importlib
 import importlib.util
 import subprocess

@@ -28,10 +28,11 @@
 # the time it took on your machine. Set `SMOKE = True` below for a run of a few seconds.
 
 # %% tags=["hide-input"]
-# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install it
-# from the repository without changing any package already installed: each one is pinned
-# to its installed version, so pip adds only what is missing (or stops and says why).
-# Locally, `make book` or `pip install -e .` has installed it. Then fix threads and seeds.
+# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
+# it from the repository without changing any package already installed: each one is
+# pinned to its installed version, so pip adds only what is missing (or stops and says
+# why). Locally, `make book` or `pip install -e .` has installed it. Then fix threads
+# and seeds.
 import importlib
 import importlib.util
 import subprocess
@@ -66,7 +67,11 @@ import matplotlib.pyplot as plt
 import torch
 
 from tinyk3 import checks, data
-from tinyk3.attention import causal_attention, causal_attention_loop, causal_attention_sdpa
+from tinyk3.attention import (
+    causal_attention,
+    causal_attention_loop,
+    causal_attention_sdpa,
+)
 from tinyk3.generate import generate
 from tinyk3.gpt2 import GPT, GPTConfig, attention_maps, count_parameters
 from tinyk3.train import train_lm
@@ -124,7 +129,9 @@ def attention_by_loop(q, k, v):
     T, D = q.shape[-2], q.shape[-1]
     outs = []
     for i in range(T):
-        scores = q[..., i : i + 1, :] @ k[..., : i + 1, :].transpose(-1, -2) / math.sqrt(D)  # [B, H, 1, i+1]
+        q_i = q[..., i : i + 1, :]  # [B, H, 1, D]
+        k_seen = k[..., : i + 1, :]  # [B, H, i+1, D]
+        scores = q_i @ k_seen.transpose(-1, -2) / math.sqrt(D)  # [B, H, 1, i+1]
         outs.append(scores.softmax(dim=-1) @ v[..., : i + 1, :])  # [B, H, 1, D]
     return torch.cat(outs, dim=-2)  # [B, H, T, D]
 
@@ -137,7 +144,8 @@ def attention_by_loop(q, k, v):
 def attention_by_mask(q, k, v):
     T, D = q.shape[-2], q.shape[-1]
     scores = q @ k.transpose(-1, -2) / math.sqrt(D)  # [B, H, T, T]
-    future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)  # True above the diagonal
+    # True above the diagonal
+    future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
     return scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v  # [B, H, T, D]
 
 
@@ -154,7 +162,8 @@ def max_diff(a, b):
 for dtype in (torch.float64, torch.float32):
     q, k, v = (torch.randn(2, 3, 50, 16, dtype=dtype) for _ in range(3))
     ref = attention_by_loop(q, k, v)
-    print(f"{str(dtype):14s} | ours, mask {max_diff(attention_by_mask(q, k, v), ref):.1e}"
+    print(f"{str(dtype):14s}"
+          f" | ours, mask {max_diff(attention_by_mask(q, k, v), ref):.1e}"
           f" | lib loop {max_diff(causal_attention_loop(q, k, v), ref):.1e}"
           f" | lib mask {max_diff(causal_attention(q, k, v), ref):.1e}"
           f" | lib SDPA {max_diff(causal_attention_sdpa(q, k, v), ref):.1e}")
@@ -165,7 +174,8 @@ for dtype in (torch.float64, torch.float32):
 
 # %%
 q, k = torch.randn(1, 1, 5, 4), torch.randn(1, 1, 5, 4)
-weights = (q @ k.transpose(-1, -2) / 2).masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+future = torch.ones(5, 5, dtype=torch.bool).triu(1)
+weights = (q @ k.transpose(-1, -2) / 2).masked_fill(future, float("-inf")).softmax(-1)
 print(weights[0, 0].numpy().round(3))
 print("row sums:", weights[0, 0].sum(-1).numpy().round(6))
 
@@ -244,11 +254,12 @@ print(f"an untied head would add: {GPTConfig().vocab_size * GPTConfig().n_embd:,
 try:
     from transformers import GPT2Config, GPT2LMHeadModel
 except ImportError:
-    print("transformers is not installed: skipping (pip install transformers to run it)")
+    print("transformers is not installed: skipping "
+          "(pip install transformers to run it)")
 else:
     torch.manual_seed(0)
-    hf_config = GPT2Config(vocab_size=300, n_positions=64, n_embd=48, n_layer=2, n_head=3,
-                           bos_token_id=0, eos_token_id=0)
+    hf_config = GPT2Config(vocab_size=300, n_positions=64, n_embd=48, n_layer=2,
+                           n_head=3, bos_token_id=0, eos_token_id=0)
     hf_model = GPT2LMHeadModel(hf_config).eval()
     ours = GPT.from_hf(hf_model).eval()
     idx = torch.randint(0, 300, (2, 40))
@@ -264,7 +275,8 @@ else:
 
 # %% tags=["nbval-check-output"]
 torch.manual_seed(0)
-tiny = GPT(GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64)).eval()
+tiny = GPT(GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64))
+tiny.eval()
 idx = torch.randint(0, 256, (1, 32))
 changed = idx.clone()
 t = 20
@@ -294,8 +306,9 @@ if tinyk3.notebook.in_colab() or os.environ.get("TINYK3_DOWNLOAD") == "1":
                    generator=torch.Generator().manual_seed(0))
     print(tokenizer.decode(out[0]))
 else:
-    print("Skipped: loading the real 124M weights downloads ~500 MB from the Hugging Face hub. "
-          "Open this chapter in Colab (or set TINYK3_DOWNLOAD=1) to run it.")
+    print("Skipped: loading the real 124M weights downloads ~500 MB from the "
+          "Hugging Face hub. Open this chapter in Colab (or set TINYK3_DOWNLOAD=1) "
+          "to run it.")
 
 # %% [markdown]
 # ## Experiment: train a tiny GPT on a laptop
@@ -311,8 +324,10 @@ corpus = data.encode(data.load_corpus())
 train_data, val_data = data.split(corpus, val_fraction=0.1)
 freq = torch.bincount(train_data, minlength=256).double() / len(train_data)
 unigram_entropy = -(freq[freq > 0] * freq[freq > 0].log()).sum().item()
-print(f"corpus: {len(corpus):,} bytes ({len(train_data):,} train, {len(val_data):,} validation)")
-print(f"uniform guess: {math.log(256):.3f} nats/byte; byte frequencies alone: {unigram_entropy:.3f}")
+print(f"corpus: {len(corpus):,} bytes "
+      f"({len(train_data):,} train, {len(val_data):,} validation)")
+print(f"uniform guess: {math.log(256):.3f} nats/byte; "
+      f"byte frequencies alone: {unigram_entropy:.3f}")
 
 # %% [markdown]
 # Training: AdamW, batches of 32 windows of 64 bytes, a short warm-up then cosine decay
@@ -329,14 +344,16 @@ print(f"{TRAIN_STEPS} steps, {result.tokens_seen:,} tokens in {result.seconds:.0
       f"({result.tokens_seen / result.seconds:,.0f} tokens/s); "
       f"final validation loss {result.val_loss[-1]:.3f} nats/byte")
 
-# %%
+# %% mystnb={"figure": {"caption": "Training and validation cross-entropy of the tiny byte-level GPT, with two baselines that ignore context: both curves end far below the dashed byte-frequency line, so the model uses context.", "name": "fig-gpt2-training-loss"}, "image": {"alt": "Line plot of cross-entropy in nats per byte against training step: the train and validation curves fall steeply and level off near 1.6, far below a dotted line for the uniform guess near 5.5 and a dashed line for the byte frequencies near 3.3"}}
 fig, ax = plt.subplots()
 ax.plot(result.steps, result.train_loss, label="train (mean over interval)")
 ax.plot(result.val_steps, result.val_loss, "o-", label="validation")
 ax.axhline(math.log(256), color="gray", ls=":", label="uniform guess")
-ax.axhline(unigram_entropy, color="gray", ls="--", label="byte frequencies (no context)")
-ax.set(xlabel="step", ylabel="cross-entropy (nats/byte)", title="A tiny byte-level GPT learning Python's docs")
-ax.legend()
+ax.axhline(unigram_entropy, color="gray", ls="--",
+           label="byte frequencies (no context)")
+ax.set(xlabel="step", ylabel="cross-entropy (nats/byte)",
+       title="A tiny byte-level GPT learning Python's docs")
+ax.legend(loc="upper right", bbox_to_anchor=(1, 0.93))  # below the uniform-guess line
 plt.show()
 
 # %% [markdown]
@@ -367,17 +384,21 @@ labels = [{"\n": "⏎", " ": "␣"}.get(ch, ch) for ch in text]
 
 
 def head_png(layer, head):
-    fig, ax = plt.subplots(figsize=(4.2, 4.2), dpi=72)
+    fig, ax = plt.subplots(figsize=(6.8, 6.8))
     ax.imshow(maps[layer, head], cmap="Blues", vmin=0, vmax=1)
-    ax.set_xticks(range(len(labels)), labels, fontsize=6)
-    ax.set_yticks(range(len(labels)), labels, fontsize=6)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.tick_params(length=0)
     ax.grid(False)
-    ax.set_title(f"layer {layer}, head {head}")
-    return figure_png(fig)
+    ax.set(xlabel="key", ylabel="query", title=f"layer {layer}, head {head}")
+    return figure_png(fig, colors=64)
 
 
-image_grid_explorer([[head_png(l, h) for h in range(maps.shape[1])] for l in range(maps.shape[0])],
-                    "layer", "head", title="Attention weights of the trained tiny GPT")
+n_layers, n_heads = maps.shape[:2]
+pngs = [[head_png(l, h) for h in range(n_heads)] for l in range(n_layers)]
+image_grid_explorer(pngs, "layer", "head",
+                    title="Attention weights of the trained tiny GPT",
+                    row_labels=range(n_layers), col_labels=range(n_heads))
 
 # %% [markdown]
 # The pictures invite stories; numbers settle them. For each head: the average weight a query
@@ -385,7 +406,8 @@ image_grid_explorer([[head_png(l, h) for h in range(maps.shape[1])] for l in ran
 
 # %%
 T = maps.shape[-1]
-dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp(min=0).float()  # i - j
+# dist[i, j] = i - j: how far key j lies behind query i (0 for the masked j > i)
+dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp(min=0).float()
 print("layer head   self  previous  mean distance")
 for l in range(maps.shape[0]):
     for h in range(maps.shape[1]):
@@ -466,7 +488,8 @@ ok = checks.run("gpt2.param_count", param_count_mine)
 # %%
 def param_count_solution(vocab_size, block_size, n_layer, n_embd):
     C = n_embd
-    per_block = (4 * C * C + 4 * C) + (8 * C * C + 5 * C) + 4 * C  # attention, MLP, 2 LayerNorms
+    # attention, MLP, two LayerNorms
+    per_block = (4 * C * C + 4 * C) + (8 * C * C + 5 * C) + 4 * C
     return (vocab_size + block_size) * C + n_layer * per_block + 2 * C
 
 

@@ -29,10 +29,11 @@
 # **Cost.** About a minute on two CPU cores at full size (the last cell prints the time).
 
 # %% tags=["hide-input"]
-# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install it
-# from the repository without changing any package already installed: each one is pinned
-# to its installed version, so pip adds only what is missing (or stops and says why).
-# Locally, `make book` or `pip install -e .` has installed it. Then fix threads and seeds.
+# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
+# it from the repository without changing any package already installed: each one is
+# pinned to its installed version, so pip adds only what is missing (or stops and says
+# why). Locally, `make book` or `pip install -e .` has installed it. Then fix threads
+# and seeds.
 import importlib
 import importlib.util
 import subprocess
@@ -74,7 +75,7 @@ from tinyk3.gpt2 import GPT, GPTConfig
 from tinyk3.kv_cache import KVCache, kv_cache_bytes
 
 DECODE_TOKENS = 48 if SMOKE else 512  # tokens generated in the timing experiment
-GPT2_CONTEXT = 256 if SMOKE else 1024  # tokens pushed through GPT-2 small to measure the cache
+GPT2_CONTEXT = 256 if SMOKE else 1024  # tokens fed to GPT-2 small to measure the cache
 
 
 def max_diff(a, b):
@@ -94,14 +95,16 @@ def max_diff(a, b):
 
 # %%
 torch.manual_seed(0)
-model = GPT(GPTConfig(vocab_size=256, block_size=1024, n_layer=4, n_head=4, n_embd=256)).eval()
+config = GPTConfig(vocab_size=256, block_size=1024, n_layer=4, n_head=4, n_embd=256)
+model = GPT(config).eval()
 tokens = torch.randint(0, 256, (1, 31))
 short, long = model.new_cache(), model.new_cache()
 with torch.no_grad():
     model(tokens[:, :30], cache=short)
     model(tokens, cache=long)
-err = max(max_diff(short.keys[l], long.keys[l][:, :, :30]) for l in range(4))
-err = max(err, max(max_diff(short.values[l], long.values[l][:, :, :30]) for l in range(4)))
+err_k = max(max_diff(short.keys[l], long.keys[l][:, :, :30]) for l in range(4))
+err_v = max(max_diff(short.values[l], long.values[l][:, :, :30]) for l in range(4))
+err = max(err_k, err_v)
 print(f"max difference in the 30 shared positions, all layers: {err:.1e}")
 
 # %% [markdown]
@@ -132,8 +135,10 @@ print(f"max difference in the 30 shared positions, all layers: {err:.1e}")
 # %% tags=["nbval-check-output"]
 small = GPTConfig()
 per_token = kv_cache_bytes(small.n_layer, small.n_embd, seq_len=1)
-print(f"GPT-2 small, float32: {per_token // 4:,} numbers = {per_token:,} bytes per token")
-print(f"a full 1,024-token context: {kv_cache_bytes(small.n_layer, small.n_embd, 1024) / 2**20:.1f} MiB")
+print(f"GPT-2 small, float32: {per_token // 4:,} numbers"
+      f" = {per_token:,} bytes per token")
+full_context = kv_cache_bytes(small.n_layer, small.n_embd, 1024)
+print(f"a full 1,024-token context: {full_context / 2**20:.1f} MiB")
 
 # %% [markdown]
 # ## Build it: the cache and the decoding loop
@@ -174,10 +179,12 @@ tokens = torch.randint(0, 256, (2, 64))
 with torch.no_grad():
     full = model(tokens)  # (a)
     cache = model.new_cache()
-    one_by_one = torch.cat([model(tokens[:, t : t + 1], cache=cache) for t in range(64)], dim=1)  # (b)
+    one_by_one = torch.cat([model(tokens[:, t : t + 1], cache=cache)
+                            for t in range(64)], dim=1)  # (b)
     cache = model.new_cache()
+    spans = [(0, 20), (20, 36), (36, 37), (37, 64)]
     blocks = torch.cat([model(tokens[:, a:b], cache=cache)
-                        for a, b in [(0, 20), (20, 36), (36, 37), (37, 64)]], dim=1)  # (c)
+                        for a, b in spans], dim=1)  # (c)
 print(f"max |full - one token at a time| = {max_diff(full, one_by_one):.1e}")
 print(f"max |full - prefill and blocks|   = {max_diff(full, blocks):.1e}")
 
@@ -191,7 +198,8 @@ for temperature in (0.0, 1.0):
                  generator=torch.Generator().manual_seed(1))
     b = generate(model, prompt, 40, use_cache=False, temperature=temperature,
                  generator=torch.Generator().manual_seed(1))
-    print(f"temperature {temperature}: identical tokens with and without the cache: {torch.equal(a, b)}")
+    print(f"temperature {temperature}: identical tokens with and without the cache: "
+          f"{torch.equal(a, b)}")
 
 # %% [markdown]
 # (erratum-cached-mask)=
@@ -206,15 +214,20 @@ for temperature in (0.0, 1.0):
 
 # %%
 def attention_mask_only_at_prefill(q_new, k_new, v_new, past=None):
-    """Masks only when there is no cache: correct for one new token, wrong for several."""
+    """Mask only when there is no cache.
+
+    Correct for one new token, wrong for several.
+    """
     if past is None:
         k, v = k_new, v_new
     else:
         k, v = torch.cat([past[0], k_new], dim=2), torch.cat([past[1], v_new], dim=2)
-    scores = q_new @ k.transpose(-1, -2) / math.sqrt(q_new.shape[-1])  # [B, H, T_new, T_all]
+    # [B, H, T_new, T_all]
+    scores = q_new @ k.transpose(-1, -2) / math.sqrt(q_new.shape[-1])
     if past is None:  # "prefill: mask"; with a cache: no mask at all
         T = q_new.shape[2]
-        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
     return scores.softmax(dim=-1) @ v
 
 
@@ -222,7 +235,8 @@ torch.manual_seed(0)
 past = (torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8))  # 6 cached tokens
 for n_new in (1, 4):
     q_new, k_new, v_new = (torch.randn(1, 2, n_new, 8) for _ in range(3))
-    right = causal_attention(q_new, torch.cat([past[0], k_new], 2), torch.cat([past[1], v_new], 2))
+    k_all, v_all = torch.cat([past[0], k_new], 2), torch.cat([past[1], v_new], 2)
+    right = causal_attention(q_new, k_all, v_all)
     wrong = attention_mask_only_at_prefill(q_new, k_new, v_new, past)
     print(f"{n_new} new token(s): max error {max_diff(wrong, right):.3f}")
 
@@ -260,8 +274,9 @@ from tinyk3.attention import causal_attention_loop, causal_attention_sdpa
 k_all, v_all = torch.cat([past[0], k_new], 2), torch.cat([past[1], v_new], 2)
 reference = causal_attention_loop(q_new, k_all, v_all)
 top_left = F.scaled_dot_product_attention(q_new, k_all, v_all, is_causal=True)
+bottom_right = causal_attention_sdpa(q_new, k_all, v_all)
 print(f"SDPA with is_causal=True:    max error {max_diff(top_left, reference):.3f}")
-print(f"tinyk3 bottom-right mask:    max error {max_diff(causal_attention_sdpa(q_new, k_all, v_all), reference):.1e}")
+print(f"tinyk3 bottom-right mask:    max error {max_diff(bottom_right, reference):.1e}")
 
 # %% [markdown]
 # The model-level check above (prefill then blocks of 16 and 27 tokens) passes because
@@ -298,12 +313,13 @@ prompt = torch.randint(0, 256, (1, 16))
 timed_decode(model, prompt, 8, True), timed_decode(model, prompt, 8, False)  # warm-up
 with_cache = timed_decode(model, prompt, DECODE_TOKENS, use_cache=True)
 without_cache = timed_decode(model, prompt, DECODE_TOKENS, use_cache=False)
+speedup = without_cache.sum() / with_cache.sum()
 print(f"{DECODE_TOKENS} tokens: {without_cache.sum():.2f} s without the cache, "
-      f"{with_cache.sum():.2f} s with it ({without_cache.sum() / with_cache.sum():.1f}x faster)")
+      f"{with_cache.sum():.2f} s with it ({speedup:.1f}x faster)")
 
-# %%
+# %% mystnb={"figure": {"caption": "Greedy decoding time with and without the KV cache. Without it each step re-reads the whole prefix, so the step time grows linearly and the total quadratically; with it both stay nearly flat.", "name": "fig-kv-decode-time"}, "image": {"alt": "Two line plots against the number of generated tokens. Left: time per step in milliseconds, rising steadily without the cache and flat near the bottom with it. Right: cumulative time in seconds, a curve bending upwards without the cache and a shallow straight line with it"}}
 steps = torch.arange(1, DECODE_TOKENS + 1)
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.8, 3.2))
 ax1.plot(steps, without_cache * 1e3, label="without cache")
 ax1.plot(steps, with_cache * 1e3, label="with cache")
 ax1.set(xlabel="generated token", ylabel="time per step (ms)", title="Each step")
@@ -321,9 +337,10 @@ plt.show()
 # with the first shows how much slower late steps are.
 
 # %%
+# columns of the least-squares fit: time = slope * position + intercept
+design = torch.stack([steps.double(), torch.ones(len(steps), dtype=torch.double)], 1)
 for name, t in (("without cache", without_cache), ("with cache", with_cache)):
-    slope = torch.linalg.lstsq(torch.stack([steps.double(), torch.ones(len(steps), dtype=torch.double)], 1),
-                               t.double()[:, None]).solution[0, 0].item()
+    slope = torch.linalg.lstsq(design, t.double()[:, None]).solution[0, 0].item()
     q = len(t) // 4
     print(f"{name:14s} +{slope * 1e6:7.2f} µs per step per token of context; "
           f"last quarter / first quarter = {t[-q:].median() / t[:q].median():.1f}x")
@@ -354,21 +371,24 @@ for n, m, a in zip(lengths, measured, analytic):
 print(f"measured equals formula at every length: {measured == analytic} "
       f"({time.perf_counter() - t0:.0f} s)")
 
-# %%
+# %% mystnb={"figure": {"caption": "KV cache size of GPT-2 small against context length, by the formula for three batch sizes and as measured: the cache grows linearly with the tokens held and passes the size of the weights (dashed) once batch and context are large enough.", "name": "fig-kv-cache-size"}, "image": {"alt": "Line plot with a logarithmic y axis in MiB against tokens in context from 32 to 1024: three rising curves for batch 1, 8 and 32, black dots on the batch 1 curve for the measured sizes, and a dashed horizontal line at the size of the weights"}}
 batch_sizes = [1, 8, 32]
 fig, ax = plt.subplots()
 xs = torch.arange(32, 1025, 32)
 for b in batch_sizes:
-    ax.plot(xs, [kv_cache_bytes(12, 768, int(x), b) / 2**20 for x in xs], label=f"formula, batch {b}")
+    mib = [kv_cache_bytes(12, 768, int(x), b) / 2**20 for x in xs]
+    ax.plot(xs, mib, label=f"formula, batch {b}")
 ax.plot(lengths, [m / 2**20 for m in measured], "ko", label="measured, batch 1")
 ax.axhline(weight_bytes / 2**20, color="gray", ls="--", label="the weights themselves")
 ax.set(xlabel="tokens in context", ylabel="MiB (float32)", yscale="log",
        title="GPT-2 small: KV cache size")
-ax.legend()
+ax.set_ylim(bottom=0.5)
+ax.legend(loc="lower right")  # under the batch-1 curve
 plt.show()
 break_even = weight_bytes / kv_cache_bytes(12, 768, 1)
-print(f"weights: {weight_bytes / 2**20:.0f} MiB; the cache outgrows them after {break_even:,.0f} "
-      f"tokens in total (e.g. batch {math.ceil(break_even / 1024)} at the full 1,024-token context)")
+print(f"weights: {weight_bytes / 2**20:.0f} MiB; the cache outgrows them after "
+      f"{break_even:,.0f} tokens in total (e.g. batch {math.ceil(break_even / 1024)} "
+      "at the full 1,024-token context)")
 print(f"at Kimi K3's context of 1,048,576 tokens, GPT-2 small's cache alone would be "
       f"{kv_cache_bytes(12, 768, 2**20) / 1e9:.0f} GB (float32, one sequence)")
 
@@ -408,7 +428,8 @@ def attend_with_cache_solution(q_new, k_cache, v_cache, k_new, v_new):
     k = torch.cat([k_cache, k_new], dim=2)  # [B, H, T_past + T_new, D]
     v = torch.cat([v_cache, v_new], dim=2)
     T_past, T_new = k_cache.shape[2], q_new.shape[2]
-    scores = q_new @ k.transpose(-1, -2) / math.sqrt(q_new.shape[-1])  # [B, H, T_new, T_all]
+    # [B, H, T_new, T_all]
+    scores = q_new @ k.transpose(-1, -2) / math.sqrt(q_new.shape[-1])
     allowed = torch.ones(T_new, T_past + T_new, dtype=torch.bool).tril(diagonal=T_past)
     return scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1) @ v
 
@@ -442,12 +463,14 @@ ok = checks.run("kv_cache.cache_bytes", cache_bytes_mine)
 # ```
 
 # %%
-def cache_bytes_solution(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
+def cache_bytes_solution(n_layer, n_head, head_dim, seq_len, batch_size,
+                         bytes_per_value):
     return 2 * n_layer * n_head * head_dim * seq_len * batch_size * bytes_per_value
 
 
 ok = checks.run("kv_cache.cache_bytes", cache_bytes_solution)
-print(f"GPT-2 XL, bfloat16: {80e9 / cache_bytes_solution(48, 25, 64, 1, 1, 2):,.0f} tokens in 80 GB")
+xl_per_token = cache_bytes_solution(48, 25, 64, 1, 1, 2)
+print(f"GPT-2 XL, bfloat16: {80e9 / xl_per_token:,.0f} tokens in 80 GB")
 
 # %% [markdown]
 # ```{solution-end}

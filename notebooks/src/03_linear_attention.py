@@ -32,10 +32,11 @@
 # experiments (the last cell prints the time). `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
-# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install it
-# from the repository without changing any package already installed: each one is pinned
-# to its installed version, so pip adds only what is missing (or stops and says why).
-# Locally, `make book` or `pip install -e .` has installed it. Then fix threads and seeds.
+# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
+# it from the repository without changing any package already installed: each one is
+# pinned to its installed version, so pip adds only what is missing (or stops and says
+# why). Locally, `make book` or `pip install -e .` has installed it. Then fix threads
+# and seeds.
 import importlib
 import importlib.util
 import subprocess
@@ -77,7 +78,8 @@ from tinyk3.ops import feature_maps
 from tinyk3.ops import linear_attention as la
 
 FM_TOKENS = 64 if SMOKE else 256  # sequence length of the feature-map comparison
-PREFILL_LENGTHS = [128, 256, 512] if SMOKE else [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+PREFILL_LENGTHS = ([128, 256, 512] if SMOKE
+                   else [128, 256, 512, 1024, 2048, 4096, 8192, 16384])
 DECODE_MAX = 512 if SMOKE else 8192  # longest KV cache in the decoding experiment
 REPEATS = 3 if SMOKE else 25  # timings per point in the decoding experiment (median)
 
@@ -184,7 +186,8 @@ def linear_attention_loop(q, k, v, normalize=True, eps=1e-6):
     outs = []
     for t in range(T):
         q_t, k_t, v_t = q[:, :, t], k[:, :, t], v[:, :, t]  # [B, H, D]
-        S = S + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)  # k_tᵀ v_t, an outer product  [B, H, Dk, Dv]
+        # k_tᵀ v_t, an outer product  [B, H, Dk, Dv]
+        S = S + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
         z = z + k_t
         o_t = (q_t.unsqueeze(-2) @ S).squeeze(-2)  # q_t S_t  [B, H, Dv]
         if normalize:
@@ -194,8 +197,10 @@ def linear_attention_loop(q, k, v, normalize=True, eps=1e-6):
 
 
 torch.manual_seed(0)
-x_q, x_k, v = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 6)
-q, k = feature_maps.elu_plus_one(x_q), feature_maps.elu_plus_one(x_k)  # φ(q), φ(k): positive
+x_q, x_k = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8)
+v = torch.randn(2, 3, 10, 6)
+# φ(q), φ(k): positive
+q, k = feature_maps.elu_plus_one(x_q), feature_maps.elu_plus_one(x_k)
 o = linear_attention_loop(q, k, v)
 print(f"q, k {list(q.shape)}, v {list(v.shape)} -> o {list(o.shape)}; "
       f"smallest feature {min(q.min(), k.min()).item():.3f} (ELU+1 is positive)")
@@ -211,7 +216,8 @@ for dtype in (torch.float64, torch.float32):
     for normalize in (True, False):
         mine = linear_attention_loop(qd, kd, vd, normalize=normalize)
         lib, _ = la.recurrent(qd, kd, vd, normalize=normalize)
-        print(f"{str(dtype):14s} normalize={normalize!s:5s}  max |mine - lib| = {max_diff(mine, lib):.1e}")
+        print(f"{str(dtype):14s} normalize={normalize!s:5s}  "
+              f"max |mine - lib| = {max_diff(mine, lib):.1e}")
 
 # %% [markdown]
 # Distance zero: the lib's loop performs the same operations in the same order, so the results
@@ -255,8 +261,9 @@ for dtype in (torch.float64, torch.float32):
         mine = linear_attention_masked(qd, kd, vd, normalize=normalize)
         lib, _ = la.parallel(qd, kd, vd, normalize=normalize)
         rec, _ = la.recurrent(qd, kd, vd, normalize=normalize)
-        print(f"{str(dtype):14s} normalize={normalize!s:5s}  max |mine - lib.parallel| = "
-              f"{max_diff(mine, lib):.1e}   max |lib.parallel - lib.recurrent| = {max_diff(lib, rec):.1e}"
+        print(f"{str(dtype):14s} normalize={normalize!s:5s}  "
+              f"max |mine - lib.parallel| = {max_diff(mine, lib):.1e}   "
+              f"max |lib.parallel - lib.recurrent| = {max_diff(lib, rec):.1e}"
               f"  (outputs up to {lib.abs().max().item():.1f})")
 
 # %% [markdown]
@@ -284,20 +291,25 @@ k = feature_maps.elu_plus_one(torch.randn(B, H, T, Dk, dtype=torch.float64))
 v = torch.randn(B, H, T, Dv, dtype=torch.float64)
 
 one_pass, _ = la.recurrent(q, k, v, normalize=True)
-o_prefill, state = la.parallel(q[:, :, :100], k[:, :, :100], v[:, :, :100], normalize=True)
-print(f"after the prefill of 100 tokens: S {list(state[0].shape)}, z {list(state[1].shape)}")
+o_prefill, state = la.parallel(q[:, :, :100], k[:, :, :100], v[:, :, :100],
+                               normalize=True)
+print(f"after the prefill of 100 tokens: "
+      f"S {list(state[0].shape)}, z {list(state[1].shape)}")
 decoded = []
 for t in range(100, T):
-    o_t, state = la.recurrent(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1],
-                              normalize=True, initial_state=state)
+    q_t, k_t, v_t = q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1]
+    o_t, state = la.recurrent(q_t, k_t, v_t, normalize=True, initial_state=state)
     decoded.append(o_t)
-print(f"after {T} tokens:                  S {list(state[0].shape)}, z {list(state[1].shape)}")
+print(f"after {T} tokens:                  "
+      f"S {list(state[0].shape)}, z {list(state[1].shape)}")
 print(f"max |one pass - (prefill + decode)|  = "
       f"{max_diff(one_pass, torch.cat([o_prefill] + decoded, dim=2)):.1e} (float64)")
+prefill_state = la.parallel(q[:, :, :100], k[:, :, :100], v[:, :, :100],
+                            normalize=True)[1]
 o_block, _ = la.parallel(q[:, :, 100:], k[:, :, 100:], v[:, :, 100:], normalize=True,
-                         initial_state=la.parallel(q[:, :, :100], k[:, :, :100], v[:, :, :100],
-                                                   normalize=True)[1])
-print(f"max |one pass - (prefill + a block of 28)| = {max_diff(one_pass[:, :, 100:], o_block):.1e}")
+                         initial_state=prefill_state)
+print(f"max |one pass - (prefill + a block of 28)| = "
+      f"{max_diff(one_pass[:, :, 100:], o_block):.1e}")
 
 # %% [markdown]
 # The state has the same shape after 100 tokens and after 128, and would after a million.
@@ -308,11 +320,14 @@ print(f"max |one pass - (prefill + a block of 28)| = {max_diff(one_pass[:, :, 10
 # $S^{\text{paper}}_t q_t^\top$: the state is our $S^\top$ and the output our $o_t$, as a column.
 
 # %%
-S_paper = torch.einsum("bhtv,bhtk->bhtvk", v, k).cumsum(dim=2)  # S_t^paper for every t  [B, H, T, Dv, Dk]
-o_paper = (S_paper @ q.unsqueeze(-1)).squeeze(-1)  # S_t q_t (q_t a column)  [B, H, T, Dv]
+# S_t^paper for every t  [B, H, T, Dv, Dk]
+S_paper = torch.einsum("bhtv,bhtk->bhtvk", v, k).cumsum(dim=2)
+# S_t q_t (q_t a column)  [B, H, T, Dv]
+o_paper = (S_paper @ q.unsqueeze(-1)).squeeze(-1)
 o_ours, S_ours = la.recurrent(q, k, v)  # unnormalised, our layout
 print(f"max |outputs, papers' layout - ours| = {max_diff(o_paper, o_ours):.1e}")
-print(f"max |final S^paper - our S transposed| = {max_diff(S_paper[:, :, -1], S_ours.transpose(-1, -2)):.1e}")
+S_err = max_diff(S_paper[:, :, -1], S_ours.transpose(-1, -2))
+print(f"max |final S^paper - our S transposed| = {S_err:.1e}")
 
 # %% [markdown]
 # (erratum-linear-prefill)=
@@ -333,7 +348,10 @@ print(f"max |final S^paper - our S transposed| = {max_diff(S_paper[:, :, -1], S_
 
 # %%
 def linear_attention_block_update(x_q, x_k, v, state=None, sum_z=False):
-    """The post's logic: fold the whole block into (S, z), then read. Not causal for T > 1."""
+    """The post's logic: fold the whole block into (S, z), then read.
+
+    Not causal for T > 1.
+    """
     q, k = feature_maps.elu_plus_one(x_q), feature_maps.elu_plus_one(x_k)
     kT = k.transpose(-1, -2)  # [B, H, D, T]
     S, z = state if state is not None else (0.0, 0.0)
@@ -345,8 +363,8 @@ def linear_attention_block_update(x_q, x_k, v, state=None, sum_z=False):
 
 def causal_reference(x_q, x_k, v):
     """The recurrence (tinyk3), with the same features and no eps."""
-    return la.recurrent(feature_maps.elu_plus_one(x_q), feature_maps.elu_plus_one(x_k), v,
-                        normalize=True, eps=0.0)[0]
+    q, k = feature_maps.elu_plus_one(x_q), feature_maps.elu_plus_one(x_k)
+    return la.recurrent(q, k, v, normalize=True, eps=0.0)[0]
 
 
 torch.manual_seed(2)
@@ -355,10 +373,11 @@ x_q, x_k, v = (torch.randn(1, 2, 12, D, dtype=torch.float64) for _ in range(3))
 
 state, outs = None, []
 for t in range(12):  # decoding from an empty state, one token per call
-    o_t, state = linear_attention_block_update(x_q[:, :, t : t + 1], x_k[:, :, t : t + 1],
-                                               v[:, :, t : t + 1], state)
+    x_q_t, x_k_t, v_t = x_q[:, :, t : t + 1], x_k[:, :, t : t + 1], v[:, :, t : t + 1]
+    o_t, state = linear_attention_block_update(x_q_t, x_k_t, v_t, state)
     outs.append(o_t)
-print(f"one token per call: max error vs the recurrence {max_diff(torch.cat(outs, 2), causal_reference(x_q, x_k, v)):.1e}")
+err = max_diff(torch.cat(outs, 2), causal_reference(x_q, x_k, v))
+print(f"one token per call: max error vs the recurrence {err:.1e}")
 for T in (5, D):  # a prefill, as printed
     try:
         o, _ = linear_attention_block_update(x_q[:, :, :T], x_k[:, :, :T], v[:, :, :T])
@@ -377,12 +396,15 @@ for T in (5, D):  # a prefill, as printed
 # %%
 T = 12
 o_block, state_block = linear_attention_block_update(x_q, x_k, v, sum_z=True)
-per_position = (o_block - causal_reference(x_q, x_k, v)).abs().amax(dim=(0, 1, 3))  # [T]
-print("max error at each position: " + " ".join(f"{e:.2f}" for e in per_position.tolist()))
+# the largest error at each position  [T]
+per_position = (o_block - causal_reference(x_q, x_k, v)).abs().amax(dim=(0, 1, 3))
+print("max error at each position: "
+      + " ".join(f"{e:.2f}" for e in per_position.tolist()))
 
 v_changed = v.clone()
 v_changed[:, :, -1] += 1.0
-moved = max_diff(linear_attention_block_update(x_q, x_k, v_changed, sum_z=True)[0][:, :, 0], o_block[:, :, 0])
+o_changed, _ = linear_attention_block_update(x_q, x_k, v_changed, sum_z=True)
+moved = max_diff(o_changed[:, :, 0], o_block[:, :, 0])
 q_f, k_f = feature_maps.elu_plus_one(x_q), feature_maps.elu_plus_one(x_k)
 moved_causal = max_diff(la.parallel(q_f, k_f, v_changed, normalize=True)[0][:, :, 0],
                         la.parallel(q_f, k_f, v, normalize=True)[0][:, :, 0])
@@ -400,8 +422,10 @@ print(f"first token's output moved by {moved:.3f} when the last token's value ch
 
 # %%
 S_causal, z_causal = la.parallel(q_f, k_f, v, normalize=True)[1]
-print(f"state after the non-causal block vs the causal state: max |ΔS| = "
-      f"{max_diff(state_block[0], S_causal):.1e}, max |Δz| = {max_diff(state_block[1].squeeze(-1), z_causal):.1e}")
+dS = max_diff(state_block[0], S_causal)
+dz = max_diff(state_block[1].squeeze(-1), z_causal)
+print(f"state after the non-causal block vs the causal state: "
+      f"max |ΔS| = {dS:.1e}, max |Δz| = {dz:.1e}")
 
 # %% [markdown]
 # **The fix.** Compute a prefill with the causal forms: the masked parallel form
@@ -466,7 +490,8 @@ slice_lengths = []
 def fault_rebinding():
     q, k, v, S, outs = q_e, k_e, v_e, S0, []
     for i in range(T):
-        q, k, v = q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1]  # rebinds q, k, v
+        # rebinds q, k, v
+        q, k, v = q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1]
         slice_lengths.append(q.shape[2])
         S = S + k.transpose(-1, -2) @ v
         outs.append(q @ S)
@@ -474,7 +499,8 @@ def fault_rebinding():
 
 
 def fault_cat_on_channels():
-    outs = [torch.randn(B, 1, H * D) for _ in range(T)]  # each token's output after o_proj
+    # each token's output after o_proj
+    outs = [torch.randn(B, 1, H * D) for _ in range(T)]
     return torch.cat(outs, dim=2)  # tokens are dimension 1 of [B, T, C]
 
 
@@ -484,7 +510,8 @@ attempt("3. view(B, T, C) of one token", fault_reshape_with_full_T)
 attempt("4. rebinding q, k, v", fault_rebinding)
 print(f"   (tokens in the slices at i = 0..{T - 1}: {slice_lengths})")
 attempt("5. cat along dim=2", fault_cat_on_channels)
-print(f"expected: outputs {[B, H, T, D]} per head, or {[B, T, H * D]} after merging the heads")
+print(f"expected: outputs {[B, H, T, D]} per head, "
+      f"or {[B, T, H * D]} after merging the heads")
 
 # %% [markdown]
 # The first three raise; the last two run and silently return the wrong shape (one token out
@@ -517,16 +544,16 @@ print(f"la.recurrent: output {list(o_loop.shape)}, max |recurrent - parallel| = 
 # $q \cdot k / \sqrt{D}$, so `taylor2` then imitates softmax attention's $\exp(q \cdot k / \sqrt{D})$.
 # The others are not meant to imitate it at all.
 
-# %%
+# %% mystnb={"figure": {"caption": "Left: the four element-wise feature maps $\\phi$. Right: the exponential against its second-order Taylor series, the similarity that `taylor2` reproduces; the two agree near $s = 0$ and part for $|s| > 1$.", "name": "fig-la-feature-maps"}, "image": {"alt": "Two line plots. Left: ELU plus one, ReLU, softplus and the identity for x from -3 to 3; all but the identity stay non-negative. Right: exp(s) and 1 + s + s squared over 2 for s from -3 to 3, touching near zero, the exponential far above at s = 3"}}
 xs = torch.linspace(-3, 3, 121)
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.8, 3.4))
 for name in ("elu+1", "relu", "softplus", "identity"):
     ax1.plot(xs, feature_maps.get(name)(xs), label=name)
 ax1.set(xlabel="x", ylabel="φ(x)", title="Element-wise feature maps")
 ax1.legend()
 ax2.plot(xs, xs.exp(), label="exp(s)")
 ax2.plot(xs, 1 + xs + xs**2 / 2, label="1 + s + s²/2 (taylor2)")
-ax2.set(xlabel="s = q·k", ylabel="similarity", title="The exponential and its 2nd-order series")
+ax2.set(xlabel="s = q·k", ylabel="similarity", title="exp(s) and its 2nd-order series")
 ax2.legend()
 plt.tight_layout()
 plt.show()
@@ -544,7 +571,8 @@ plt.show()
 # %%
 torch.manual_seed(4)
 D, T = 16, FM_TOKENS
-base_q, base_k = torch.randn(4, 4, T, D, dtype=torch.float64), torch.randn(4, 4, T, D, dtype=torch.float64)
+base_q = torch.randn(4, 4, T, D, dtype=torch.float64)
+base_k = torch.randn(4, 4, T, D, dtype=torch.float64)
 v = torch.randn(4, 4, T, D, dtype=torch.float64)
 sigmas = [0.25, 0.5, 1.0, 2.0, 4.0]
 maps = dict(feature_maps.FEATURE_MAPS)
@@ -552,7 +580,8 @@ maps["constant (plain average)"] = lambda x: torch.ones_like(x[..., :1])
 
 errors = {name: [] for name in maps}
 for sigma in sigmas:
-    q_s, k_s = base_q * math.sqrt(sigma), base_k * math.sqrt(sigma)  # q·k/√D has std ≈ σ
+    # q·k/√D has std ≈ σ
+    q_s, k_s = base_q * math.sqrt(sigma), base_k * math.sqrt(sigma)
     target = causal_attention(q_s, k_s, v)
     for name, phi in maps.items():
         o, _ = la.parallel(phi(q_s * D**-0.25), phi(k_s * D**-0.25), v, normalize=True)
@@ -562,7 +591,7 @@ print(f"{'relative error':>24s} " + " ".join(f"σ={s:<5}" for s in sigmas))
 for name, errs in errors.items():
     print(f"{name:>24s} " + " ".join(f"{e:7.3f}" for e in errs))
 
-# %%
+# %% mystnb={"figure": {"caption": "Relative error of normalised linear attention against causal softmax attention, for each feature map, as the softmax logits' spread $\\sigma$ grows. `taylor2` is closest at small $\\sigma$; no map comes close once softmax is sharp.", "name": "fig-la-feature-map-error"}, "image": {"alt": "Line plot of relative output error against sigma on a log axis from 0.25 to 4, one line with markers per feature map and a dashed gray line for the plain running average; the errors grow towards 1 with sigma, taylor2 lowest throughout and ReLU highest at small sigma"}}
 fig, ax = plt.subplots()
 for name, errs in errors.items():
     if name == "identity":
@@ -570,7 +599,8 @@ for name, errs in errors.items():
     style = dict(color="gray", ls="--") if name.startswith("constant") else dict(ls="-")
     ax.plot(sigmas, errs, marker="o", label=name, **style)
 ax.set(xscale="log", xlabel="σ, standard deviation of the softmax logits q·k/√D",
-       ylabel="relative error of the output", title="Linear attention vs softmax attention")
+       ylabel="relative error of the output",
+       title="Linear attention vs softmax attention")
 ax.set_xticks(sigmas, [str(s) for s in sigmas])
 ax.minorticks_off()
 ax.legend()
@@ -586,22 +616,25 @@ plt.show()
 # $\sigma$. None of the element-wise maps makes the weights as *sharp* as softmax's. One
 # query's weights show it ($\sigma = 2$, the last position, over all $T$ keys):
 
-# %%
+# %% mystnb={"figure": {"caption": "How one query (the last position, $\\sigma = 2$) spreads its weight over the keys: softmax puts a large share on a few keys, the kernels spread it almost evenly.", "name": "fig-la-query-weights"}, "image": {"alt": "Line plot of attention weight against key position: the softmax line has a few tall spikes, the highest near 0.33, while the taylor2, ReLU and ELU plus one lines stay close to zero everywhere"}}
 sigma = 2.0
-q_s, k_s = base_q[0, 0] * math.sqrt(sigma), base_k[0, 0] * math.sqrt(sigma)  # one head  [T, D]
+# one head  [T, D]
+q_s, k_s = base_q[0, 0] * math.sqrt(sigma), base_k[0, 0] * math.sqrt(sigma)
 weights = {"softmax": (q_s[-1] @ k_s.T / math.sqrt(D)).softmax(-1)}
 for name in ("taylor2", "relu", "elu+1"):
     phi = feature_maps.get(name)
-    w = phi(q_s[-1] * D**-0.25) @ phi(k_s * D**-0.25).T  # the last query attends to every key
+    # the last query attends to every key
+    w = phi(q_s[-1] * D**-0.25) @ phi(k_s * D**-0.25).T
     weights[name] = w / w.sum()
 fig, ax = plt.subplots()
 for name, w in weights.items():
     ax.plot(w, label=name, lw=1)
-ax.set(xlabel="key position j", ylabel="weight", title=f"Weights of the last query, σ = {sigma}")
+ax.set(xlabel="key position j", ylabel="weight",
+       title=f"Weights of the last query, σ = {sigma}")
 ax.legend()
 plt.show()
-print("largest weight: " + ", ".join(f"{n} {w.max().item():.3f}" for n, w in weights.items())
-      + f" (uniform: {1 / T:.4f})")
+largest = ", ".join(f"{n} {w.max().item():.3f}" for n, w in weights.items())
+print(f"largest weight: {largest} (uniform: {1 / T:.4f})")
 
 # %% [markdown]
 # That is the price of linear attention: the softmax concentrates its weight on a few keys,
@@ -620,11 +653,13 @@ print("largest weight: " + ", ".join(f"{n} {w.max().item():.3f}" for n, w in wei
 q_id, k_id = base_q * D**-0.25, base_k * D**-0.25  # σ = 1, identity features
 denominators = (q_id * k_id.cumsum(dim=2)).sum(-1)  # q_t · z_t  [B, H, T]
 o_id, _ = la.parallel(q_id, k_id, v, normalize=True)
-print(f"identity: {(denominators < 0).double().mean().item():.0%} of the normalisers are negative, "
-      f"the smallest |q·z| is {denominators.abs().min().item():.1e}, the largest |output| "
-      f"{o_id.abs().max().item():.0f} (the values are of size 1)")
+negative = (denominators < 0).double().mean().item()
+print(f"identity: {negative:.0%} of the normalisers are negative, "
+      f"the smallest |q·z| is {denominators.abs().min().item():.1e}, "
+      f"the largest |output| {o_id.abs().max().item():.0f} (the values are of size 1)")
 q_e1, k_e1 = feature_maps.elu_plus_one(q_id), feature_maps.elu_plus_one(k_id)
-print(f"ELU+1:    the smallest normaliser is {(q_e1 * k_e1.cumsum(dim=2)).sum(-1).min().item():.2f}")
+smallest = (q_e1 * k_e1.cumsum(dim=2)).sum(-1).min().item()
+print(f"ELU+1:    the smallest normaliser is {smallest:.2f}")
 
 # %% [markdown]
 # A positive map keeps every weight $\ge 0$, so the output stays a weighted average of the
@@ -651,7 +686,8 @@ print(f"ELU+1:    the smallest normaliser is {(q_e1 * k_e1.cumsum(dim=2)).sum(-1
 # %%
 def linear_attention_cumsum(q, k, v):
     """Unnormalised causal linear attention with every state S_t materialised."""
-    S_all = (k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=2)  # S_1..S_N  [B, H, N, Dk, Dv]
+    # S_1..S_N  [B, H, N, Dk, Dv]
+    S_all = (k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=2)
     return (q.unsqueeze(-2) @ S_all).squeeze(-2)  # q_t S_t  [B, H, N, Dv]
 
 
@@ -671,32 +707,36 @@ H, D = 8, 64
 q_c, k_c = (feature_maps.elu_plus_one(torch.randn(1, H, 256, D)) for _ in range(2))
 v_c = torch.randn(1, H, 256, D)
 o_ref = la.parallel(q_c, k_c, v_c)[0]
+o_cumsum = linear_attention_cumsum(q_c, k_c, v_c)
 print(f"cumsum form vs la.parallel (float32): max difference "
-      f"{max_diff(linear_attention_cumsum(q_c, k_c, v_c), o_ref):.1e} (outputs up to {o_ref.abs().max().item():.0f})")
+      f"{max_diff(o_cumsum, o_ref):.1e} (outputs up to {o_ref.abs().max().item():.0f})")
 
 # %%
 t0 = time.perf_counter()
-limits = {"softmax (SDPA)": 16384, "linear, parallel": 2048, "linear, token loop": 16384,
-          "linear, cumsum": 1024}
+limits = {"softmax (SDPA)": 16384, "linear, parallel": 2048,
+          "linear, token loop": 16384, "linear, cumsum": 1024}
 prefill = {name: [] for name in limits}
 for N in PREFILL_LENGTHS:
     x_q, x_k, v_n = (torch.randn(1, H, N, D) for _ in range(3))
     q_n, k_n = feature_maps.elu_plus_one(x_q), feature_maps.elu_plus_one(x_k)
     forms = {  # each a call with its arguments bound
-        "softmax (SDPA)": partial(F.scaled_dot_product_attention, x_q, x_k, v_n, is_causal=True),
+        "softmax (SDPA)": partial(F.scaled_dot_product_attention, x_q, x_k, v_n,
+                                  is_causal=True),
         "linear, parallel": partial(la.parallel, q_n, k_n, v_n, normalize=True),
         "linear, token loop": partial(la.recurrent, q_n, k_n, v_n, normalize=True),
         "linear, cumsum": partial(linear_attention_cumsum, q_n, k_n, v_n),
     }
     for name, fn in forms.items():
-        seconds = best_time(fn, 3 if N <= 2048 else 1) if N <= limits[name] else float("nan")
+        repeats = 3 if N <= 2048 else 1
+        seconds = best_time(fn, repeats) if N <= limits[name] else float("nan")
         prefill[name].append(seconds)
 print(f"{'N':>6s} " + " ".join(f"{name:>19s}" for name in prefill))
 for i, N in enumerate(PREFILL_LENGTHS):
-    print(f"{N:6d} " + " ".join(f"{prefill[name][i] * 1e3:16.1f} ms" for name in prefill))
+    print(f"{N:6d} "
+          + " ".join(f"{prefill[name][i] * 1e3:16.1f} ms" for name in prefill))
 print(f"({time.perf_counter() - t0:.0f} s)")
 
-# %%
+# %% mystnb={"figure": {"caption": "Prefill time of the four forms against the sequence length $N$, log-log. The two quadratic forms climb as $N^2$, the token loop as $N$, so the loop starts far behind and catches up with the fused softmax kernel only at the longest prefills.", "name": "fig-la-prefill-time"}, "image": {"alt": "Log-log line plot of time in milliseconds against prefill length N: softmax with SDPA, linear attention in parallel and cumsum forms, and the token loop; the token loop line is the flattest and crosses the steeper softmax line near the right end"}}
 Ns = torch.tensor(PREFILL_LENGTHS, dtype=torch.float64)
 fig, ax = plt.subplots()
 for name, secs in prefill.items():
@@ -709,17 +749,23 @@ for name, secs in prefill.items():  # slope of log(time) against log(N), from N 
     t = torch.tensor(secs, dtype=torch.float64)
     ok = ~t.isnan() & (Ns >= 256)
     if ok.sum() >= 2:
-        X = torch.stack([Ns[ok].log(), torch.ones(int(ok.sum()), dtype=torch.float64)], 1)
+        log_N = Ns[ok].log()
+        X = torch.stack([log_N, torch.ones_like(log_N)], 1)
         slope = torch.linalg.lstsq(X, t[ok].log()[:, None]).solution[0, 0].item()
-        print(f"{name:20s} time grows as N^{slope:.2f} (fit from N = 256 to {int(Ns[ok][-1])})")
+        print(f"{name:20s} time grows as N^{slope:.2f} "
+              f"(fit from N = 256 to {int(Ns[ok][-1])})")
 loop, sdpa = prefill["linear, token loop"], prefill["softmax (SDPA)"]
 faster = [N for N, a, b in zip(PREFILL_LENGTHS, loop, sdpa) if a < b]
-print(f"token loop faster than SDPA at N = {faster if faster else 'none of the lengths measured'}")
+where = faster if faster else "none of the lengths measured"
+print(f"token loop faster than SDPA at N = {where}")
 a = torch.randn(512, 512)
-flop_rate = 2 * 512**3 / best_time(partial(torch.matmul, a, a), 5)  # flops per second, one core
-print(f"token loop: {loop[-1] / PREFILL_LENGTHS[-1] * 1e6:.0f} µs per token for 4·H·D² = {4 * H * D * D:,} flops; "
-      f"a 512×512 matrix product runs at {flop_rate / 1e9:.0f} GFLOP/s, at which those flops take "
-      f"{4 * H * D * D / flop_rate * 1e6:.1f} µs")
+# flops per second, one core
+flop_rate = 2 * 512**3 / best_time(partial(torch.matmul, a, a), 5)
+loop_flops = 4 * H * D * D  # per token
+print(f"token loop: {loop[-1] / PREFILL_LENGTHS[-1] * 1e6:.0f} µs per token "
+      f"for 4·H·D² = {loop_flops:,} flops; "
+      f"a 512×512 matrix product runs at {flop_rate / 1e9:.0f} GFLOP/s, "
+      f"at which those flops take {loop_flops / flop_rate * 1e6:.1f} µs")
 
 # %% [markdown]
 # The fitted exponents give the asymptotics: the two quadratic forms grow roughly as $N^2$ (the
@@ -757,10 +803,15 @@ print(f"token loop: {loop[-1] / PREFILL_LENGTHS[-1] * 1e6:.0f} µs per token for
 
 # %%
 def state_step(q_t, k_t, v_t, S, z, eps=1e-6):
-    """One decoding step, in place. q_t, k_t: features [B, H, 1, Dk]; v_t [B, H, 1, Dv]."""
+    """One decoding step, in place.
+
+    q_t, k_t: features [B, H, 1, Dk]; v_t [B, H, 1, Dv].
+    """
     S += k_t.transpose(-1, -2) @ v_t  # S_t = S_{t-1} + k_tᵀ v_t  [B, H, Dk, Dv]
     z += k_t.squeeze(-2)  # z_t = z_{t-1} + k_t  [B, H, Dk]
-    return (q_t @ S) / ((q_t.squeeze(-2) * z).sum(-1)[..., None, None] + eps)  # [B, H, 1, Dv]
+    # q_t · z_t  [B, H, 1, 1]
+    normalizer = (q_t.squeeze(-2) * z).sum(-1)[..., None, None]
+    return (q_t @ S) / (normalizer + eps)  # [B, H, 1, Dv]
 
 
 def kv_step(q_t, k_t, v_t, K, V, t):
@@ -772,13 +823,13 @@ def kv_step(q_t, k_t, v_t, K, V, t):
 q_f, k_f = (feature_maps.elu_plus_one(torch.randn(2, 4, 20, 16)) for _ in range(2))
 x_q, x_k, v_f = (torch.randn(2, 4, 20, 16) for _ in range(3))
 S, z = torch.zeros(2, 4, 16, 16), torch.zeros(2, 4, 16)
-steps = torch.cat([state_step(q_f[:, :, t : t + 1], k_f[:, :, t : t + 1], v_f[:, :, t : t + 1], S, z)
-                   for t in range(20)], dim=2)
+steps = torch.cat([state_step(q_f[:, :, t : t + 1], k_f[:, :, t : t + 1],
+                              v_f[:, :, t : t + 1], S, z) for t in range(20)], dim=2)
 print(f"state_step, 20 steps vs la.recurrent:       max difference "
       f"{max_diff(steps, la.recurrent(q_f, k_f, v_f, normalize=True)[0]):.1e}")
 K, V = torch.zeros(2, 4, 20, 16), torch.zeros(2, 4, 20, 16)
-steps = torch.cat([kv_step(x_q[:, :, t : t + 1], x_k[:, :, t : t + 1], v_f[:, :, t : t + 1], K, V, t)
-                   for t in range(20)], dim=2)
+steps = torch.cat([kv_step(x_q[:, :, t : t + 1], x_k[:, :, t : t + 1],
+                           v_f[:, :, t : t + 1], K, V, t) for t in range(20)], dim=2)
 print(f"kv_step, 20 steps vs causal softmax attention: max difference "
       f"{max_diff(steps, causal_attention(x_q, x_k, v_f)):.1e}")
 
@@ -795,7 +846,9 @@ def median_time(fn, repeats):
 
 t0 = time.perf_counter()
 Bd, C = 4, 1024  # sequences decoded together, layer width
-positions = sorted({round(2 ** (e / 2)) for e in range(8, 2 * int(math.log2(DECODE_MAX)) + 1)})
+# two positions per doubling, from 16 to DECODE_MAX
+exponents = range(8, 2 * int(math.log2(DECODE_MAX)) + 1)
+positions = sorted({round(2 ** (e / 2)) for e in exponents})
 positions[-1] = DECODE_MAX - 1  # the last slot of the preallocated cache
 decode = {}
 for D in (32, 64, 128):
@@ -804,19 +857,22 @@ for D in (32, 64, 128):
     q_t, k_t, v_t = (torch.randn(Bd, H, 1, D) for _ in range(3))
     k_t = feature_maps.elu_plus_one(k_t)
     S, z = torch.zeros(Bd, H, D, D), torch.zeros(Bd, H, D)
-    kv = [median_time(partial(kv_step, q_t, k_t, v_t, K, V, t), REPEATS if t <= 1024 else 7)
+    kv = [median_time(partial(kv_step, q_t, k_t, v_t, K, V, t),
+                      REPEATS if t <= 1024 else 7) for t in positions]
+    st = [median_time(partial(state_step, q_t, k_t, v_t, S, z), REPEATS)
           for t in positions]
-    st = [median_time(partial(state_step, q_t, k_t, v_t, S, z), REPEATS) for t in positions]
     decode[D] = (torch.tensor(kv), torch.tensor(st))
 del K, V
 print(f"({time.perf_counter() - t0:.0f} s)")
 
-# %%
-fig, ax = plt.subplots(figsize=(7.5, 4))
+# %% mystnb={"figure": {"caption": "Time of one decoding step against the position $t$, log-log, at three head sizes $D$ with the layer width fixed. The state step (dashed) costs the same at every position; the KV-cache step (solid) grows linearly in $t$ and overtakes it at a crossover that moves right as $D$ grows.", "name": "fig-la-decode-step"}, "image": {"alt": "Log-log line plot of time per step in microseconds against position t: three flat dashed lines for the state step at D = 32, 64 and 128, and three nearly coinciding solid lines with markers for the KV cache that rise steadily and cross each dashed line"}}
+fig, ax = plt.subplots(figsize=(6.8, 4))
 for (D, (kv, st)), color in zip(decode.items(), ("C0", "C1", "C2")):
-    ax.plot(positions, kv * 1e6, "o-", color=color, ms=3, label=f"KV cache, D = {D} (H = {C // D})")
+    ax.plot(positions, kv * 1e6, "o-", color=color, ms=3,
+            label=f"KV cache, D = {D} (H = {C // D})")
     ax.plot(positions, st * 1e6, "--", color=color, label=f"state, D = {D}")
-ax.set(xscale="log", yscale="log", xlabel="position t (tokens in the cache)", ylabel="time per step (µs)",
+ax.set(xscale="log", yscale="log", xlabel="position t (tokens in the cache)",
+       ylabel="time per step (µs)",
        title=f"One decoding step: batch {Bd}, all heads of a width-{C} layer")
 ax.legend(fontsize=8, ncol=2)
 plt.show()
@@ -828,18 +884,23 @@ plt.show()
 
 # %%
 mid = min(positions, key=lambda t: abs(t - 1024))
-print(f"{'D':>4s} {'H':>3s} {'state step':>11s} {'KV slower from t':>17s} {'t / D':>6s} "
-      f"{'KV step at t=' + str(mid):>18s} {'t=' + str(positions[-1]):>9s} "
+print(f"{'D':>4s} {'H':>3s} {'state step':>11s} {'KV slower from t':>17s} "
+      f"{'t / D':>6s} {'KV step at t=' + str(mid):>18s} "
+      f"{'t=' + str(positions[-1]):>9s} "
       f"{'cache read at t=' + str(mid):>20s} {'t=' + str(positions[-1]):>9s}")
 for D, (kv, st) in decode.items():
     slower = next((t for t, a in zip(positions, kv) if a > st.median()), None)
     ratio = f"{slower / D:6.1f}" if slower else f"{'-':>6s}"
-    rate = {t: 2 * Bd * (t + 1) * C * 4 / kv[positions.index(t)].item() / 1e9 for t in (mid, positions[-1])}
+    # GB/s: the bytes of the keys and values read, over the step's time
+    rate = {t: 2 * Bd * (t + 1) * C * 4 / kv[positions.index(t)].item() / 1e9
+            for t in (mid, positions[-1])}
     print(f"{D:4d} {C // D:3d} {st.median() * 1e6:8.0f} µs {slower!s:>17s} {ratio} "
           f"{kv[positions.index(mid)] * 1e6:15.0f} µs {kv[-1] * 1e6:6.0f} µs "
           f"{rate[mid]:15.1f} GB/s {rate[positions[-1]]:4.1f} GB/s")
-print(f"the cache of the layer at t = {positions[-1]}: {2 * Bd * DECODE_MAX * C * 4 / 2**20:.0f} MiB (float32); "
-      f"the states: {Bd * C * 32 * 4 / 2**10:.0f} KiB (D = 32) to {Bd * C * 128 * 4 / 2**10:.0f} KiB (D = 128)")
+cache_mib = 2 * Bd * DECODE_MAX * C * 4 / 2**20
+print(f"the cache of the layer at t = {positions[-1]}: {cache_mib:.0f} MiB (float32); "
+      f"the states: {Bd * C * 32 * 4 / 2**10:.0f} KiB (D = 32) "
+      f"to {Bd * C * 128 * 4 / 2**10:.0f} KiB (D = 128)")
 
 # %% [markdown]
 # In the run shown here the state step takes the same time at every position (the flat
@@ -862,7 +923,8 @@ print(f"the cache of the layer at t = {positions[-1]}: {2 * Bd * DECODE_MAX * C 
 # %% tags=["nbval-check-output"]
 D, t = 128, 1_048_576
 print(f"KV cache, one head, bfloat16, {t:,} tokens: {2 * t * D * 2 / 2**20:,.0f} MiB")
-print(f"state S and z, one head, float32:            {(D * D + D) * 4 / 2**10:,.1f} KiB")
+print("state S and z, one head, float32:            "
+      f"{(D * D + D) * 4 / 2**10:,.1f} KiB")
 print(f"the cache is larger than the state from t = {(D + 1) // 2 + 1} tokens on")
 
 # %% [markdown]
@@ -901,7 +963,8 @@ ok = checks.run("linear_attention.parallel", linear_attention_parallel_mine)
 def linear_attention_parallel_solution(q, k, v):
     T = q.shape[2]
     scores = q @ k.transpose(-1, -2)  # q_t · k_j  [B, H, T, T]
-    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), 0.0)  # keep j <= t
+    keep = torch.ones(T, T, dtype=torch.bool).tril()  # j <= t
+    scores = scores.masked_fill(~keep, 0.0)
     return scores @ v  # [B, H, T, Dv]
 
 
@@ -936,7 +999,8 @@ ok = checks.run("linear_attention.normalized", linear_attention_normalized_mine)
 
 # %%
 def linear_attention_normalized_solution(q, k, v, eps=1e-6):
-    numerator = (q @ k.transpose(-1, -2)).tril() @ v  # Σ_{j≤t} (q_t·k_j) v_j  [B, H, T, Dv]
+    # Σ_{j≤t} (q_t·k_j) v_j  [B, H, T, Dv]
+    numerator = (q @ k.transpose(-1, -2)).tril() @ v
     z = k.cumsum(dim=2)  # z_t = Σ_{j≤t} k_j, one per position  [B, H, T, Dk]
     return numerator / ((q * z).sum(-1, keepdim=True) + eps)  # ÷ (q_t · z_t + ε)
 

@@ -32,10 +32,11 @@
 # `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
-# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install it
-# from the repository without changing any package already installed: each one is pinned
-# to its installed version, so pip adds only what is missing (or stops and says why).
-# Locally, `make book` or `pip install -e .` has installed it. Then fix threads and seeds.
+# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
+# it from the repository without changing any package already installed: each one is
+# pinned to its installed version, so pip adds only what is missing (or stops and says
+# why). Locally, `make book` or `pip install -e .` has installed it. Then fix threads
+# and seeds.
 import importlib
 import importlib.util
 import subprocess
@@ -74,8 +75,8 @@ from tinyk3 import checks, memory
 from tinyk3.ops import feature_maps, linear_attention
 from tinyk3.widgets import figure_png, image_grid_explorer
 
-DIMS = [8, 16] if SMOKE else [16, 32, 64, 128]  # state sizes D (= Dk = Dv) in the sweeps
-RATIOS = 2.0 ** torch.arange(-3, 5.5 if not SMOKE else 4, 0.5)  # loads N/D from 1/8 to 32
+DIMS = [8, 16] if SMOKE else [16, 32, 64, 128]  # state sizes D = Dk = Dv in the sweeps
+RATIOS = 2.0 ** torch.arange(-3, 5.5 if not SMOKE else 4, 0.5)  # loads N/D, 1/8 to 32
 PAIRS_PER_POINT = 512 if SMOKE else 4096  # stored pairs averaged over for each point
 WIDGET_D = 32
 WIDGET_N = [8, 64] if SMOKE else [8, 16, 32, 64, 128, 256]
@@ -137,17 +138,21 @@ def max_diff(a, b):
 # %%
 torch.manual_seed(0)
 N, D = 12, 8
-keys, values = torch.randn(N, D, dtype=torch.float64), torch.randn(N, D, dtype=torch.float64)
+keys = torch.randn(N, D, dtype=torch.float64)
+values = torch.randn(N, D, dtype=torch.float64)
 
 S_loop = torch.zeros(D, D, dtype=torch.float64)
 for k, v in zip(keys, values):
     S_loop = S_loop + torch.outer(k, v)  # S += k_jᵀ v_j   [Dk, Dv]
 
 S = memory.write(keys, values)  # Kᵀ V
-q = torch.randn(1, 1, N, D, dtype=torch.float64)  # any queries: the final state ignores them
-_, S_linear_attention = linear_attention.recurrent(q, keys[None, None], values[None, None])
+# any queries: the final state ignores them
+q = torch.randn(1, 1, N, D, dtype=torch.float64)
+_, S_linear_attention = linear_attention.recurrent(q, keys[None, None],
+                                                   values[None, None])
 print(f"max |loop - memory.write|              = {max_diff(S_loop, S):.1e}")
-print(f"max |loop - linear attention's state|  = {max_diff(S_loop, S_linear_attention[0, 0]):.1e}")
+print(f"max |loop - linear attention's state|  = "
+      f"{max_diff(S_loop, S_linear_attention[0, 0]):.1e}")
 
 # %% [markdown]
 # And the read: `memory.read(S, keys)` is `keys @ S`, which must equal the Gram matrix applied
@@ -160,8 +165,10 @@ i = 3
 signal = G[i, i] * values[i]
 crosstalk = sum(G[i, j] * values[j] for j in range(N) if j != i)
 print(f"max |K S - G V|                        = {max_diff(reads, G @ values):.1e}")
-print(f"max |k_3 S - (signal + crosstalk)|     = {max_diff(reads[i], signal + crosstalk):.1e}")
-print(f"size of signal and crosstalk for key 3: {signal.norm():.2f} and {crosstalk.norm():.2f}")
+print(f"max |k_3 S - (signal + crosstalk)|     = "
+      f"{max_diff(reads[i], signal + crosstalk):.1e}")
+print(f"size of signal and crosstalk for key 3: "
+      f"{signal.norm():.2f} and {crosstalk.norm():.2f}")
 
 # %% [markdown]
 # With these unnormalised random keys the crosstalk is larger than the signal: key 3 reads back
@@ -182,10 +189,12 @@ print(f"size of signal and crosstalk for key 3: {signal.norm():.2f} and {crossta
 
 # %%
 D = 64
-keys = memory.orthonormal_keys(D, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+keys = memory.orthonormal_keys(D, D, generator=torch.Generator().manual_seed(1),
+                               dtype=torch.float64)
 values = torch.randn(D, D, dtype=torch.float64)
 S = memory.write(keys, values)
-print(f"max |K Kᵀ - I|       = {max_diff(keys @ keys.T, torch.eye(D, dtype=torch.float64)):.1e}")
+identity = torch.eye(D, dtype=torch.float64)
+print(f"max |K Kᵀ - I|       = {max_diff(keys @ keys.T, identity):.1e}")
 print(f"max |K S - V|        = {max_diff(memory.read(S, keys), values):.1e}")
 print(f"relative error       = {memory.relative_error(S, keys, values):.1e}")
 
@@ -207,11 +216,14 @@ print(f"relative error       = {memory.relative_error(S, keys, values):.1e}")
 
 # %%
 for N in (D // 2, D, D + 1, 2 * D):
-    keys = memory.random_unit_keys(N, D, generator=torch.Generator().manual_seed(N), dtype=torch.float64)
+    g = torch.Generator().manual_seed(N)
+    keys = memory.random_unit_keys(N, D, generator=g, dtype=torch.float64)
     values = torch.randn(N, D, dtype=torch.float64)
     S_best = torch.linalg.lstsq(keys, values).solution  # K⁺ V   [D, D]
-    print(f"N = {N:3d}: rank of K S* = {torch.linalg.matrix_rank(keys @ S_best).item():3d}, "
-          f"relative error of the best state = {memory.relative_error(S_best, keys, values):.2e}")
+    rank = torch.linalg.matrix_rank(keys @ S_best).item()
+    best_error = memory.relative_error(S_best, keys, values)
+    print(f"N = {N:3d}: rank of K S* = {rank:3d}, "
+          f"relative error of the best state = {best_error:.2e}")
 
 # %% [markdown]
 # So $D$ is a hard ceiling for *exact* recall, and every memory with more pairs than that is
@@ -258,11 +270,14 @@ tinyk3.notebook.show_source(memory.crosstalk_std)
 D = 64
 print(f"{'N':>5s} {'measured error²':>16s} {'Σ(k_i·k_j)², mean':>19s} {'(N-1)/D':>8s}")
 for N in (2, 16, 64, 256):
-    M = PAIRS_PER_POINT * 4 // N  # memories, so that each row averages the same number of pairs
+    # memories, so that each row averages the same number of pairs
+    M = PAIRS_PER_POINT * 4 // N
     g = torch.Generator().manual_seed(N)
-    keys = memory.random_unit_keys(M * N, D, generator=g, dtype=torch.float64).view(M, N, D)
+    keys = (memory.random_unit_keys(M * N, D, generator=g, dtype=torch.float64)
+            .view(M, N, D))
     values = torch.randn(M, N, D, generator=g, dtype=torch.float64)
-    err = memory.read(memory.write(keys, values), keys) - values  # the crosstalk   [M, N, D]
+    # the crosstalk   [M, N, D]
+    err = memory.read(memory.write(keys, values), keys) - values
     measured = err.pow(2).mean().item()
     given_keys = memory.crosstalk_std(keys).pow(2).mean().item()
     print(f"{N:5d} {measured:16.4f} {given_keys:19.4f} {(N - 1) / D:8.4f}")
@@ -295,12 +310,14 @@ for N in (2, 16, 64, 256):
 # %%
 D = 32
 g = torch.Generator().manual_seed(0)
-print(f"{'N':>5s} {'random keys':>12s} {'tight frame':>12s} {'bound N/D-1':>12s}   (mean crosstalk variance)")
+print(f"{'N':>5s} {'random keys':>12s} {'tight frame':>12s} {'bound N/D-1':>12s}"
+      "   (mean crosstalk variance)")
 for N in (48, 64, 128, 256):
     unit_keys = memory.random_unit_keys(N, D, generator=g, dtype=torch.float64)
     frame = memory.harmonic_frame(N, D, dtype=torch.float64)
     print(f"{N:5d} {memory.crosstalk_std(unit_keys).pow(2).mean():12.3f} "
-          f"{memory.crosstalk_std(frame).pow(2).mean():12.3f} {memory.min_crosstalk_std(N, D) ** 2:12.3f}")
+          f"{memory.crosstalk_std(frame).pow(2).mean():12.3f} "
+          f"{memory.min_crosstalk_std(N, D) ** 2:12.3f}")
 
 # %% [markdown]
 # The frame meets the bound exactly, and random keys are within one unit of variance of it.
@@ -349,8 +366,10 @@ def orthonormal_keys(M, N, D, g):
 def sweep(make_keys, D, ns, least_squares=False, seed=0):
     """Store N random pairs in a D×D memory, for each N in ns; read every key back.
 
-    Returns a dict of tensors over ns: relative error, recall accuracy, and (least_squares)
-    the relative error of the best state K⁺V for the same keys and values."""
+    Returns a dict of tensors over ns: relative error, recall accuracy, and (if
+    least_squares) the relative error of the best state K⁺V for the same keys and
+    values.
+    """
     g = torch.Generator().manual_seed(seed)
     out = {"N": list(ns), "error": [], "accuracy": [], "ls_error": []}
     for N in ns:
@@ -361,18 +380,22 @@ def sweep(make_keys, D, ns, least_squares=False, seed=0):
         out["accuracy"].append(memory.recall_accuracy(S, keys, values))
         if least_squares:
             k64, v64 = keys.double(), values.double()
-            out["ls_error"].append(memory.relative_error(torch.linalg.lstsq(k64, v64).solution, k64, v64))
+            S_best = torch.linalg.lstsq(k64, v64).solution  # K⁺V
+            out["ls_error"].append(memory.relative_error(S_best, k64, v64))
     return {name: torch.tensor(x) for name, x in out.items()}
 
 
 t0 = time.perf_counter()
 load_ns = {D: sorted({max(2, round(r * D)) for r in RATIOS.tolist()}) for D in DIMS}
 random_runs = {D: sweep(random_keys, D, load_ns[D], least_squares=True) for D in DIMS}
-ortho_runs = {D: sweep(orthonormal_keys, D, [n for n in load_ns[D] if n <= D]) for D in DIMS}
-print(f"swept {sum(len(v) for v in load_ns.values())} (D, N) points in {time.perf_counter() - t0:.1f} s")
-print(f"orthonormal keys, all N ≤ D: largest relative error "
-      f"{max(r['error'].max().item() for r in ortho_runs.values()):.1e}, "
-      f"lowest accuracy {min(r['accuracy'].min().item() for r in ortho_runs.values()):.2f}")
+ortho_runs = {D: sweep(orthonormal_keys, D, [n for n in load_ns[D] if n <= D])
+              for D in DIMS}
+print(f"swept {sum(len(v) for v in load_ns.values())} (D, N) points "
+      f"in {time.perf_counter() - t0:.1f} s")
+largest_error = max(r["error"].max().item() for r in ortho_runs.values())
+lowest_accuracy = min(r["accuracy"].min().item() for r in ortho_runs.values())
+print(f"orthonormal keys, all N ≤ D: largest relative error {largest_error:.1e}, "
+      f"lowest accuracy {lowest_accuracy:.2f}")
 
 
 # %% [markdown]
@@ -391,10 +414,13 @@ print(f"orthonormal keys, all N ≤ D: largest relative error "
 # more coordinates, so the *identity* of the value survives far beyond the load where its
 # coordinates are mostly noise. The third panel plots the accuracy against $2 N \ln N / D^2$.
 
-# %%
+# %% mystnb={"figure": {"caption": "Recall from an additive $D \\times D$ memory of random unit keys. Top: the relative error against the load $N/D$ falls on one curve $\\sqrt{(N-1)/D}$ for every $D$, while the least-squares state (squares) stays below 1. Bottom: the recall accuracy against the load, and against $2N\\ln N/D^2$, where the curves for all $D$ nearly coincide and cross one half near 1.", "name": "fig-memory-load"}, "image": {"alt": "Three line plots, one wide panel on top and two below, with one colour per state size D from 16 to 128. Top: relative error against load N/D on a log axis, all sizes rising together along the black formula curve, squares for least squares levelling off below 1. Bottom left: recall accuracy against load, the curves dropping from 1 to 0 later for larger D. Bottom right: the same accuracies against 2 N ln N over D squared, nearly one curve crossing a dashed line at 1"}}
 colors = dict(zip(DIMS, plt.cm.viridis(torch.linspace(0, 0.85, len(DIMS)).tolist())))
-fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4))
-r = torch.logspace(math.log10(RATIOS[0].item()), math.log10(RATIOS[-1].item()), 200, dtype=torch.float64)
+fig, axes = plt.subplot_mosaic([["error", "error"], ["accuracy", "rescaled"]],
+                               figsize=(6.8, 6.6))
+ax1, ax2, ax3 = axes["error"], axes["accuracy"], axes["rescaled"]
+r = torch.logspace(math.log10(RATIOS[0].item()), math.log10(RATIOS[-1].item()), 200,
+                   dtype=torch.float64)
 for D in DIMS:
     run, ortho = random_runs[D], ortho_runs[D]
     load = run["N"] / D
@@ -403,20 +429,25 @@ for D in DIMS:
     ax1.plot(ortho["N"] / D, ortho["error"], "x", color=colors[D])
     ax2.plot(load, run["accuracy"], "o-", ms=4, color=colors[D], label=f"D = {D}")
     ax2.plot(ortho["N"] / D, ortho["accuracy"], "x", color=colors[D])
-    ax3.plot(2 * run["N"] * run["N"].log() / D**2, run["accuracy"], "o-", ms=4, color=colors[D],
+    rescaled_load = 2 * run["N"] * run["N"].log() / D**2
+    ax3.plot(rescaled_load, run["accuracy"], "o-", ms=4, color=colors[D],
              label=f"D = {D}")
 Dmax = DIMS[-1]
-ax1.plot(r, (r - 1 / Dmax).clamp(min=0).sqrt(), "k-", lw=1, label="√((N−1)/D), random keys")
-ax1.plot(r, (r - 1).clamp(min=0).sqrt(), "k--", lw=1, label="√(N/D − 1), best unit keys")
-ax1.plot(r, (1 - 1 / r).clamp(min=0).sqrt(), "k:", lw=1.5, label="√(1 − D/N), least squares (□)")
+ax1.plot(r, (r - 1 / Dmax).clamp(min=0).sqrt(), "k-", lw=1,
+         label="√((N−1)/D), random keys")
+ax1.plot(r, (r - 1).clamp(min=0).sqrt(), "k--", lw=1,
+         label="√(N/D − 1), best unit keys")
+ax1.plot(r, (1 - 1 / r).clamp(min=0).sqrt(), "k:", lw=1.5,
+         label="√(1 − D/N), least squares (□)")
 ax1.set(xscale="log", xlabel="load N/D", ylabel="relative error",
         title="Error: one curve for every D")
 ax2.set(xscale="log", xlabel="load N/D", ylabel="recall accuracy",
         title="Accuracy: wider states hold more")
-ax3.set(xscale="log", xlabel="2 N ln N / D²", ylabel="recall accuracy", title="Accuracy, rescaled")
+ax3.set(xscale="log", xlabel="2 N ln N / D²", ylabel="recall accuracy",
+        title="Accuracy, rescaled")
 ax3.axvline(1, color="gray", lw=1, ls="--")
-ax1.legend(fontsize=7)
-ax2.legend(fontsize=7)
+ax1.legend(fontsize=8, loc="upper left")
+ax2.legend(fontsize=8, loc="lower left")
 plt.tight_layout()
 plt.show()
 
@@ -454,7 +485,8 @@ for D in DIMS:
     run = random_runs[D]
     at_d = run["error"][run["N"] == D].item()
     n50 = half_recall_n(run)
-    print(f"{D:4d} {at_d:15.2f} {n50:16.0f} {n50 / D:6.1f} {rule_n(D):13.0f} {rule_n(D) / n50:16.2f}")
+    print(f"{D:4d} {at_d:15.2f} {n50:16.0f} {n50 / D:6.1f} "
+          f"{rule_n(D):13.0f} {rule_n(D) / n50:16.2f}")
 
 # %% [markdown]
 # What the run shows:
@@ -500,41 +532,43 @@ print(f"c̄ = E[φ]² / E[φ²] = {c_bar:.4f} for φ = ELU+1 and x ~ N(0, 1)")
 
 def elu_keys(M, N, D, g):
     """M memories of N unit-length ELU+1 keys (Gaussian pre-activations): [M, N, D]."""
-    return F.normalize(feature_maps.elu_plus_one(torch.randn(M, N, D, generator=g)), dim=-1)
+    x = torch.randn(M, N, D, generator=g)  # pre-activations
+    return F.normalize(feature_maps.elu_plus_one(x), dim=-1)
 
 
 for D in DIMS:
     k = elu_keys(1, 256, D, torch.Generator().manual_seed(D))[0]
     gram = k @ k.T
-    print(f"D = {D:3d}: mean k_i·k_j (i ≠ j) = {gram[~torch.eye(256, dtype=torch.bool)].mean():.4f}, "
+    off_diagonal = gram[~torch.eye(256, dtype=torch.bool)]
+    print(f"D = {D:3d}: mean k_i·k_j (i ≠ j) = {off_diagonal.mean():.4f}, "
           f"smallest = {gram.min():.3f}")
 
 # %% [markdown]
 # Every overlap is large and positive. The experiment: the same sweep, now over absolute $N$,
 # with ELU+1 keys and with random unit keys, for every $D$. A few seconds at full size.
 
-# %%
+# %% mystnb={"figure": {"caption": "An additive memory with ELU+1 keys (solid) and with random unit keys (dashed). Top: with ELU+1 keys the error follows $\\bar c\\sqrt{N-1}$ whatever the state size $D$, while random keys improve with every doubling of $D$. Bottom: recall accuracy against $N$.", "name": "fig-memory-elu-keys"}, "image": {"alt": "Two line plots against the number of stored pairs N on a log axis, one colour per state size D. Top, log-log relative error: the solid ELU+1 lines for all D lie on one gray line that rises to about 15, the dashed random-key lines sit lower and lower as D grows. Bottom, recall accuracy: the solid lines fall to 0 within a few dozen pairs, the dashed lines stay near 1 much longer"}}
 t0 = time.perf_counter()
 ns = [2, 4, 8, 16, 32, 64, 128, 256, 512] if not SMOKE else [2, 8, 32]
 elu_runs = {D: sweep(elu_keys, D, ns, seed=1) for D in DIMS}
 rand_runs_n = {D: sweep(random_keys, D, ns, seed=1) for D in DIMS}
 print(f"ELU+1 and random-key sweeps: {time.perf_counter() - t0:.1f} s")
 
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4))
 n = torch.tensor(ns, dtype=torch.float64)
 for D in DIMS:
     for ax, score in ((ax1, "error"), (ax2, "accuracy")):
         ax.plot(n, elu_runs[D][score], "o-", ms=4, color=colors[D], label=f"D = {D}")
         ax.plot(n, rand_runs_n[D][score], "^--", ms=4, color=colors[D], alpha=0.6)
 ax1.plot(n, c_bar * (n - 1).sqrt(), "k-", lw=2, alpha=0.3, label="c̄ √(N−1)")
-ax2.plot([], [], "ko-", ms=4, label="ELU+1 keys")
-ax2.plot([], [], "k^--", ms=4, alpha=0.6, label="random unit keys")
+ax1.plot([], [], "ko-", ms=4, label="ELU+1 keys")
+ax1.plot([], [], "k^--", ms=4, alpha=0.6, label="random unit keys")
 ax1.set(xscale="log", yscale="log", xlabel="stored pairs N", ylabel="relative error",
         title="Error: positive keys do not average out")
+ax1.set_ylim(top=100)  # room for the legend, which serves both panels
 ax2.set(xscale="log", xlabel="stored pairs N", ylabel="recall accuracy",
         title="Accuracy (solid: ELU+1, dashed: random)")
-ax1.legend(fontsize=7)
-ax2.legend(fontsize=7)
+ax1.legend(fontsize=8, ncols=2, loc="upper left")
 plt.tight_layout()
 plt.show()
 
@@ -547,7 +581,8 @@ plt.show()
 # %%
 print(f"{'D':>4s} {'N at 50% recall, ELU+1':>23s} {'random unit keys':>17s}")
 for D in DIMS:
-    print(f"{D:4d} {half_recall_n(elu_runs[D]):23.1f} {half_recall_n(random_runs[D]):17.0f}")
+    print(f"{D:4d} {half_recall_n(elu_runs[D]):23.1f} "
+          f"{half_recall_n(random_runs[D]):17.0f}")
 
 # %% [markdown]
 # The crosstalk formula still predicts the error once it is given the actual keys, because the
@@ -557,8 +592,8 @@ for D in DIMS:
 D = DIMS[-1]
 g = torch.Generator().manual_seed(2)
 print(f"D = {D}, ELU+1 keys")
-print(f"{'N':>5s} {'measured error':>15s} {'from crosstalk_std':>19s} {'c̄ √(N−1)':>10s} "
-      f"{'random keys, √((N−1)/D)':>24s}")
+print(f"{'N':>5s} {'measured error':>15s} {'from crosstalk_std':>19s} "
+      f"{'c̄ √(N−1)':>10s} {'random keys, √((N−1)/D)':>24s}")
 for N in ns[::2]:
     M = max(1, PAIRS_PER_POINT // N)
     keys, values = elu_keys(M, N, D, g), torch.randn(M, N, D, generator=g)
@@ -579,7 +614,9 @@ for N in (4, 16, 64, 256):
     k = elu_keys(1, N, DIMS[-1], torch.Generator().manual_seed(N))[0]
     gram = k @ k.T
     w_self = (gram.diagonal() / gram.sum(-1)).mean().item()
-    print(f"N = {N:3d}: weight on the right value {w_self:.3f} (1/(1 + c̄(N−1)) = {1 / (1 + c_bar * (N - 1)):.3f})")
+    w_rule = 1 / (1 + c_bar * (N - 1))
+    print(f"N = {N:3d}: weight on the right value {w_self:.3f} "
+          f"(1/(1 + c̄(N−1)) = {w_rule:.3f})")
 
 # %% [markdown]
 # This is the capacity problem of linear attention with positive feature maps, seen without
@@ -590,9 +627,9 @@ for N in (4, 16, 64, 256):
 # %% [markdown]
 # ## See it: the Gram matrix and the read-out
 #
-# Pick a kind of key (row slider: 0 = the best unit keys, orthonormal up to $N = D$ and a tight
-# frame beyond; 1 = random unit keys; 2 = ELU+1 keys) and the number of stored pairs (column
-# slider: $N$ = 8, 16, 32, 64, 128, 256) in a memory of size $D = 32$. Left: the overlaps
+# Pick a kind of key with the first slider (the best unit keys, which are orthonormal up to
+# $N = D$ and a tight frame beyond; random unit keys; ELU+1 keys) and the number of stored
+# pairs $N$, from 8 to 256, with the second, in a memory of size $D = 32$. Left: the overlaps
 # $k_i\cdot k_j$ among the first 32 keys (the identity is perfect recall). Right: read-out against true value for the
 # first 8 coordinates of every pair (the diagonal is perfect recall), with the measured crosstalk
 # and its expectation over random values given the keys, $\sqrt{\operatorname{mean}_i
@@ -605,24 +642,12 @@ for N in (4, 16, 64, 256):
 # per coordinate), and a single draw of that vector can be larger or smaller than average.
 
 # %%
-import io
-
-from PIL import Image  # installed with matplotlib
-
-
-def small_png(fig, colors=64):
-    """figure_png, reduced to a 64-colour palette: about a third of the bytes, same look."""
-    image = Image.open(io.BytesIO(figure_png(fig))).convert("RGB").quantize(colors)
-    buf = io.BytesIO()
-    image.save(buf, format="png", optimize=True)
-    return buf.getvalue()
-
-
 def best_keys(M, N, D, g):
     return orthonormal_keys(M, N, D, g) if N <= D else memory.harmonic_frame(N, D)[None]
 
 
-KINDS = [("best unit keys", best_keys), ("random unit keys", random_keys), ("ELU+1 keys", elu_keys)]
+KINDS = [("best unit keys", best_keys), ("random unit keys", random_keys),
+         ("ELU+1 keys", elu_keys)]
 
 
 def memory_png(kind, make_keys, N, D=WIDGET_D):
@@ -632,26 +657,35 @@ def memory_png(kind, make_keys, N, D=WIDGET_D):
     reads = memory.read(S, keys)
     measured = (reads - values).pow(2).mean().sqrt().item()
     predicted = memory.crosstalk_std(keys).pow(2).mean().sqrt().item()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.4), dpi=60)
-    first = keys[:32]  # the overlaps of the first 32 keys (keeps the pictures small)
+    accuracy = memory.recall_accuracy(S, keys, values)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.8, 3.6), width_ratios=[1, 1.25])
+    # the overlaps of the first 32 keys (keeps the pictures small)
+    first = keys[:32]
     ax1.imshow(first @ first.T, cmap="RdBu_r", vmin=-1, vmax=1)
-    ax1.set(title=f"k_i·k_j, first {len(first)} keys (N = {N}, D = {D})", xlabel="j", ylabel="i")
+    ax1.set(xlabel="j", ylabel="i")
+    ax1.set_title(f"k_i·k_j, first {len(first)} keys\n(N = {N}, D = {D})", fontsize=10)
     ax1.grid(False)
-    shown = slice(0, 8)  # the first 8 coordinates of every pair (keeps the pictures small)
-    ax2.plot(values[:, shown].flatten(), reads[:, shown].flatten(), ".", ms=2, alpha=0.4)
+    # the first 8 coordinates of every pair (keeps the pictures small)
+    shown = slice(0, 8)
+    ax2.plot(values[:, shown].flatten(), reads[:, shown].flatten(), ".",
+             ms=2, alpha=0.4)
     ax2.plot([-4, 4], [-4, 4], "k-", lw=1)
-    ax2.set(xlim=(-4, 4), ylim=(-12, 12), xlabel="true value coordinate", ylabel="read-out",
-            title=f"crosstalk std {measured:.2f} (expected {predicted:.2f}), "
-                  f"accuracy {memory.recall_accuracy(S, keys, values):.2f}")
+    ax2.set(xlim=(-4, 4), ylim=(-12, 12), xlabel="true value coordinate",
+            ylabel="read-out")
+    ax2.set_title(f"crosstalk std {measured:.2f} (expected {predicted:.2f})\n"
+                  f"accuracy {accuracy:.2f}", fontsize=10)
     fig.suptitle(kind)
     fig.tight_layout()
-    return small_png(fig)
+    return figure_png(fig, colors=64)
 
 
 t0 = time.perf_counter()
 pngs = [[memory_png(kind, make, N) for N in WIDGET_N] for kind, make in KINDS]
-print(f"{sum(len(p) for row in pngs for p in row) / 1e3:.0f} kB of pictures in {time.perf_counter() - t0:.1f} s")
-image_grid_explorer(pngs, "keys", "N", title=f"An additive memory of size {WIDGET_D}×{WIDGET_D}")
+kilobytes = sum(len(p) for row in pngs for p in row) / 1e3
+print(f"{kilobytes:.0f} kB of pictures in {time.perf_counter() - t0:.1f} s")
+image_grid_explorer(pngs, "keys", "N",
+                    title=f"An additive memory of size {WIDGET_D}×{WIDGET_D}",
+                    row_labels=[kind for kind, _ in KINDS], col_labels=WIDGET_N)
 
 # %% [markdown]
 # ## Exercises
@@ -714,7 +748,8 @@ ok = checks.run("memory.recall_accuracy", recall_accuracy_mine)
 # %%
 def recall_accuracy_solution(S, keys, values):
     reads = keys @ S  # [N, Dv]
-    sim = F.normalize(reads, dim=-1) @ F.normalize(values, dim=-1).T  # cosines   [N reads, N values]
+    # cosines   [N reads, N values]
+    sim = F.normalize(reads, dim=-1) @ F.normalize(values, dim=-1).T
     return (sim.argmax(dim=-1) == torch.arange(len(keys))).float().mean().item()
 
 
@@ -750,13 +785,15 @@ ok = checks.run("memory.crosstalk_std", crosstalk_std_mine)
 # %%
 def crosstalk_std_solution(keys):
     gram = keys @ keys.T  # k_i·k_j   [N, N]
-    off = gram * (1 - torch.eye(len(keys), dtype=keys.dtype))  # drop j = i: that is the signal
+    # drop j = i: that is the signal
+    off = gram * (1 - torch.eye(len(keys), dtype=keys.dtype))
     return off.pow(2).sum(dim=-1).sqrt()  # variances add, then one square root
 
 
 ok = checks.run("memory.crosstalk_std", crosstalk_std_solution)
 keys = memory.random_unit_keys(512, 64, generator=torch.Generator().manual_seed(0))
-print(f"N = 512, D = 64: mean crosstalk_std² = {crosstalk_std_solution(keys).pow(2).mean():.3f}, "
+mean_variance = crosstalk_std_solution(keys).pow(2).mean()
+print(f"N = 512, D = 64: mean crosstalk_std² = {mean_variance:.3f}, "
       f"(N-1)/D = {511 / 64:.3f}")
 
 # %% [markdown]

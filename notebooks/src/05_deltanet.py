@@ -36,10 +36,11 @@
 # training experiment (the last cell prints the time); `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
-# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install it
-# from the repository without changing any package already installed: each one is pinned
-# to its installed version, so pip adds only what is missing (or stops and says why).
-# Locally, `make book` or `pip install -e .` has installed it. Then fix threads and seeds.
+# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
+# it from the repository without changing any package already installed: each one is
+# pinned to its installed version, so pip adds only what is missing (or stops and says
+# why). Locally, `make book` or `pip install -e .` has installed it. Then fix threads
+# and seeds.
 import importlib
 import importlib.util
 import subprocess
@@ -104,7 +105,8 @@ keys = memory.orthonormal_keys(4, D, generator=g, dtype=torch.float64)  # [4, D]
 v_old = torch.randn(4, D, generator=g, dtype=torch.float64)
 v_new = torch.randn(4, D, generator=g, dtype=torch.float64)
 
-S = memory.write(torch.cat([keys, keys]), torch.cat([v_old, v_new]))  # old pairs, then new values
+# the old pairs, then the new values under the same keys
+S = memory.write(torch.cat([keys, keys]), torch.cat([v_old, v_new]))
 reads = memory.read(S, keys)  # [4, D]
 print(f"max |read - (v_old + v_new)| = {max_diff(reads, v_old + v_new):.1e}")
 print(f"max |read - v_new|           = {max_diff(reads, v_new):.2f}")
@@ -170,14 +172,18 @@ print(f"max |read - v_new|           = {max_diff(reads, v_new):.2f}")
 
 # %%
 def delta_rule_loop(q, k, v, beta):
-    """q, k: [B, H, T, Dk]; v: [B, H, T, Dv]; beta: [B, H, T]. From S_0 = 0. Returns (o, S_T)."""
+    """q, k: [B, H, T, Dk]; v: [B, H, T, Dv]; beta: [B, H, T]. From S_0 = 0.
+
+    Returns (o, S_T).
+    """
     B, H, T, Dk = k.shape
     S = k.new_zeros(B, H, Dk, v.shape[-1])  # [B, H, Dk, Dv]
     outs = []
     for t in range(T):
         k_t = k[:, :, t].unsqueeze(-2)  # a row  [B, H, 1, Dk]
         v_old = k_t @ S  # what S holds at k_t  [B, H, 1, Dv]
-        u_t = beta[:, :, t, None, None] * (v[:, :, t].unsqueeze(-2) - v_old)  # β_t (v_t − v_old)
+        v_t = v[:, :, t].unsqueeze(-2)  # [B, H, 1, Dv]
+        u_t = beta[:, :, t, None, None] * (v_t - v_old)  # β_t (v_t − v_old)
         S = S + k_t.transpose(-1, -2) @ u_t  # S_t = S_{t-1} + k_tᵀ u_t  [B, H, Dk, Dv]
         outs.append(q[:, :, t].unsqueeze(-2) @ S)  # o_t = q_t S_t  [B, H, 1, Dv]
     return torch.cat(outs, dim=2), S  # [B, H, T, Dv], [B, H, Dk, Dv]
@@ -212,7 +218,8 @@ for dtype in (torch.float64, torch.float32):
     args = [x.to(dtype) for x in (q, k, v, beta)]
     o_mine, S_mine = delta_rule_loop(*args)
     o_lib, S_lib = delta_rule.recurrent(*args)
-    print(f"{str(dtype):14s} max |mine - recurrent|: outputs {max_diff(o_mine, o_lib):.1e}, "
+    print(f"{str(dtype):14s} max |mine - recurrent|: "
+          f"outputs {max_diff(o_mine, o_lib):.1e}, "
           f"final state {max_diff(S_mine, S_lib):.1e}")
 
 # %% [markdown]
@@ -249,13 +256,17 @@ for dtype in (torch.float64, torch.float32):
     o_rec, S_rec = delta_rule.recurrent(*args)
     o_par, S_par = delta_rule.parallel(*args)
     o_mine, _ = delta_rule_loop(*args)
-    print(f"{str(dtype):14s} max |parallel - recurrent|: outputs {max_diff(o_par, o_rec):.1e}, "
-          f"final state {max_diff(S_par, S_rec):.1e};  max |parallel - my loop| {max_diff(o_par, o_mine):.1e}")
+    print(f"{str(dtype):14s} max |parallel - recurrent|: "
+          f"outputs {max_diff(o_par, o_rec):.1e}, "
+          f"final state {max_diff(S_par, S_rec):.1e};"
+          f"  max |parallel - my loop| {max_diff(o_par, o_mine):.1e}")
 
 
 def fwd_bwd_time(op, B=32, H=2, T=64, D=32, repeats=TIMING_REPEATS):
-    q, k = (F.normalize(torch.randn(B, H, T, D), dim=-1).requires_grad_() for _ in range(2))
-    v, beta = torch.randn(B, H, T, D, requires_grad=True), torch.rand(B, H, T, requires_grad=True)
+    q, k = (F.normalize(torch.randn(B, H, T, D), dim=-1).requires_grad_()
+            for _ in range(2))
+    v = torch.randn(B, H, T, D, requires_grad=True)
+    beta = torch.rand(B, H, T, requires_grad=True)
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
@@ -278,13 +289,17 @@ print(f"forward + backward, B=32, H=2, T=64, D=32: recurrent {t_rec * 1e3:.0f} m
 S_paper, outs = torch.zeros(B, H, Dv, Dk, dtype=torch.float64), []
 eye = torch.eye(Dk, dtype=torch.float64)
 for t in range(T):
-    k_col, v_col, q_col = k[:, :, t, :, None], v[:, :, t, :, None], q[:, :, t, :, None]  # columns
+    # token t's key, value and query as columns  [B, H, D, 1]
+    k_col, v_col, q_col = k[:, :, t, :, None], v[:, :, t, :, None], q[:, :, t, :, None]
     b_t = beta[:, :, t, None, None]
-    S_paper = S_paper @ (eye - b_t * k_col @ k_col.mT) + b_t * v_col @ k_col.mT  # [B, H, Dv, Dk]
+    # [B, H, Dv, Dk]
+    S_paper = S_paper @ (eye - b_t * k_col @ k_col.mT) + b_t * v_col @ k_col.mT
     outs.append((S_paper @ q_col).squeeze(-1))  # S_t q_t  [B, H, Dv]
 o_ours, S_ours = delta_rule.recurrent(q, k, v, beta)
-print(f"max |outputs, papers' layout - ours|       = {max_diff(torch.stack(outs, dim=2), o_ours):.1e}")
-print(f"max |final S^paper - our S transposed|     = {max_diff(S_paper, S_ours.mT):.1e}")
+print(f"max |outputs, papers' layout - ours|       = "
+      f"{max_diff(torch.stack(outs, dim=2), o_ours):.1e}")
+print(f"max |final S^paper - our S transposed|     = "
+      f"{max_diff(S_paper, S_ours.mT):.1e}")
 
 
 # %% [markdown]
@@ -308,10 +323,13 @@ print(f"max |final S^paper - our S transposed|     = {max_diff(S_paper, S_ours.m
 
 # %%
 def delta_write(S, k, v, beta):
-    """One token through tinyk3's delta rule: S [Dk, Dv], k [Dk], v [Dv], beta a number."""
+    """One token through tinyk3's delta rule.
+
+    S [Dk, Dv], k [Dk], v [Dv], beta a number.
+    """
     b = torch.tensor(beta, dtype=S.dtype).view(1, 1, 1)
-    _, S_new = delta_rule.recurrent(k.view(1, 1, 1, -1), k.view(1, 1, 1, -1), v.view(1, 1, 1, -1), b,
-                                    initial_state=S.view(1, 1, *S.shape))
+    k1, v1 = k.view(1, 1, 1, -1), v.view(1, 1, 1, -1)  # one token  [1, 1, 1, D]
+    _, S_new = delta_rule.recurrent(k1, k1, v1, b, initial_state=S.view(1, 1, *S.shape))
     return S_new[0, 0]
 
 
@@ -327,9 +345,12 @@ for name, k_t in (("unit key", unit_key), ("key of length 3", 3 * unit_key)):
         (grad,) = torch.autograd.grad(loss, S)
         sgd_step = S0 - b * grad
         S_new = delta_write(S0, k_t, v_t, b)
-        shrink = (k_t @ S_new - v_t).norm() / (k_t @ S0 - v_t).norm()  # residual after / before
-        print(f"{name:15s} β = {b}: max |delta rule - gradient step| = {max_diff(S_new, sgd_step):.1e};"
-              f"  ‖k S − v‖ after / before = {shrink:.3f} (1 − β‖k‖² = {1 - b * k_t.dot(k_t):+.3f})")
+        # the residual after the write / before it
+        shrink = (k_t @ S_new - v_t).norm() / (k_t @ S0 - v_t).norm()
+        factor = 1 - b * k_t.dot(k_t)
+        print(f"{name:15s} β = {b}: max |delta rule - gradient step| = "
+              f"{max_diff(S_new, sgd_step):.1e};"
+              f"  ‖k S − v‖ after / before = {shrink:.3f} (1 − β‖k‖² = {factor:+.3f})")
 
 # %% [markdown]
 # The ratio in the last column is the whole story of this section. Along $k_t$ the residual after the step
@@ -356,15 +377,18 @@ for name, k_t in (("unit key", unit_key), ("key of length 3", 3 * unit_key)):
 
 # %%
 D, b = 16, 0.5
-raw_key = torch.randn(D, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-for name, k_t in (("unit key", F.normalize(raw_key, dim=0)), ("raw Gaussian key", raw_key)):
+g = torch.Generator().manual_seed(3)
+raw_key = torch.randn(D, generator=g, dtype=torch.float64)
+unit_key = F.normalize(raw_key, dim=0)
+for name, k_t in (("unit key", unit_key), ("raw Gaussian key", raw_key)):
     A = torch.eye(D, dtype=torch.float64) - b * torch.outer(k_t, k_t)  # I − β kᵀk
     eig = torch.linalg.eigvals(A)
     ones_ = (eig - 1).abs() < 1e-10
     other = eig[~ones_].real
-    print(f"{name:17s} ‖k‖² = {k_t.dot(k_t):6.2f}: {int(ones_.sum())} eigenvalues equal to 1 "
-          f"(max imaginary part {eig.imag.abs().max():.0e}); the other: {other.item():+.4f}, "
-          f"1 − β‖k‖² = {1 - b * k_t.dot(k_t):+.4f}")
+    print(f"{name:17s} ‖k‖² = {k_t.dot(k_t):6.2f}: "
+          f"{int(ones_.sum())} eigenvalues equal to 1 "
+          f"(max imaginary part {eig.imag.abs().max():.0e}); "
+          f"the other: {other.item():+.4f}, 1 − β‖k‖² = {1 - b * k_t.dot(k_t):+.4f}")
 
 # %% [markdown]
 # With $\|k_t\| = 1$ and $\beta_t \in [0, 1]$ the special eigenvalue lies in $[0, 1]$: every write
@@ -380,9 +404,12 @@ for name, k_t in (("unit key", F.normalize(raw_key, dim=0)), ("raw Gaussian key"
 # with $\beta\|k\|^2 = 0.5$ (unit keys), $1.9$, $2.5$ and $3$, and raw Gaussian keys
 # ($\|k\|^2 \approx D$, so $\beta\|k\|^2 \approx 8$). A fraction of a second.
 
-# %%
+# %% mystnb={"figure": {"caption": "Frobenius norm of a delta-rule state over 300 writes ($D = 16$, $\\beta = 0.5$), for keys of fixed lengths and for raw Gaussian keys, log scale. With $\\beta\\|k\\|^2 < 2$ the norm levels off; beyond it grows geometrically, and raw Gaussian keys grow fastest of all.", "name": "fig-deltanet-state-norm"}, "image": {"alt": "Line plot of the state norm against the number of writes on a logarithmic y axis: the lines for beta times squared key length 0.5 and 1.9 level off low down, those for 2.5 and 3.0 climb steadily, and the raw Gaussian key line climbs far above them, beyond 10 to the 60"}}
 def state_norms(keys, values, beta):
-    """‖S_t‖_F after each write of a delta-rule memory that starts empty. keys [T, D], values [T, Dv]."""
+    """‖S_t‖_F after each write of a delta-rule memory that starts empty.
+
+    keys [T, D], values [T, Dv].
+    """
     S = torch.zeros(keys.shape[1], values.shape[1], dtype=keys.dtype)
     norms = []
     for k_t, v_t in zip(keys, values):
@@ -399,7 +426,7 @@ runs = {f"β‖k‖² = {bk}": directions * math.sqrt(bk / b) for bk in (0.5, 1.
 runs["raw Gaussian keys"] = torch.randn(T, D, generator=g, dtype=torch.float64)
 norms = {name: state_norms(keys_, values, b) for name, keys_ in runs.items()}
 
-fig, ax = plt.subplots(figsize=(7.5, 4))
+fig, ax = plt.subplots(figsize=(6.8, 3.8))
 for name, n in norms.items():
     ax.plot(range(1, T + 1), n, label=name)
 ax.set(yscale="log", xlabel="writes t", ylabel="‖S_t‖ (Frobenius)",
@@ -407,20 +434,26 @@ ax.set(yscale="log", xlabel="writes t", ylabel="‖S_t‖ (Frobenius)",
 ax.legend(fontsize=8)
 plt.show()
 
-print(f"{'keys':>20s} {'‖S‖ at the end':>17s} {'growth of ‖S‖ per write':>24s} {'predicted':>10s}")
+print(f"{'keys':>20s} {'‖S‖ at the end':>17s} {'growth of ‖S‖ per write':>24s} "
+      f"{'predicted':>10s}")
 for name, n in norms.items():
     finite = n[torch.isfinite(n)]
     half = len(finite) // 2
-    measured = math.exp((finite[-1] / finite[half]).log().item() / (len(finite) - 1 - half))  # 2nd half
+    # growth per write over the second half of the run
+    log_growth = (finite[-1] / finite[half]).log().item()
+    measured = math.exp(log_growth / (len(finite) - 1 - half))
     end = f"{n[-1]:.3g}" if torch.isfinite(n[-1]) else f"inf from t = {len(finite) + 1}"
     predicted = "-"
-    if name.startswith("β"):  # keys of one length: c = 1 − β‖k‖², growth √(1 + (c² − 1)/D)
+    if name.startswith("β"):
+        # keys of one length: c = 1 − β‖k‖², growth √(1 + (c² − 1)/D)
         c = 1 - b * runs[name][0].pow(2).sum().item()
         predicted = f"{math.sqrt(1 + (c * c - 1) / D):.4f}"
     print(f"{name:>20s} {end:>17s} {measured:24.4f} {predicted:>10s}")
-too_big = norms["raw Gaussian keys"] > torch.finfo(torch.float32).max
-print(f"raw Gaussian keys: ‖S‖ passes float32's largest number ({torch.finfo(torch.float32).max:.1e}) "
-      f"at write {int(too_big.nonzero()[0]) + 1 if too_big.any() else 'never, in this run'}")
+float32_max = torch.finfo(torch.float32).max
+too_big = norms["raw Gaussian keys"] > float32_max
+when = int(too_big.nonzero()[0]) + 1 if too_big.any() else "never, in this run"
+print(f"raw Gaussian keys: ‖S‖ passes float32's largest number ({float32_max:.1e}) "
+      f"at write {when}")
 
 # %% [markdown]
 # Both stable settings level off where erasing balances writing (measured growth close to 1
@@ -446,9 +479,11 @@ print(f"raw Gaussian keys: ‖S‖ passes float32's largest number ({torch.finfo
 #   \|v^{\text{new}}_i\|^2}$;
 # - **which value comes back**: the fraction of keys whose read is closer (by cosine) to the new
 #   value than to the old one: one half is a coin flip;
-# - **how much of each**: the least-squares coefficients $a, b$ in $k_i S \approx a\, v^{\text{old}}_i
-#   + b\, v^{\text{new}}_i + \text{noise}$ (the values are independent, so
-#   $b = \sum_i \langle k_i S, v^{\text{new}}_i\rangle / \sum_i \|v^{\text{new}}_i\|^2$ and likewise $a$).
+# - **how much of each**: the least-squares coefficients $a, b$ in
+#   $k_i S \approx a\, v^{\text{old}}_i + b\, v^{\text{new}}_i + \text{noise}$ (the values are
+#   independent, so
+#   $b = \sum_i \langle k_i S, v^{\text{new}}_i\rangle / \sum_i \|v^{\text{new}}_i\|^2$
+#   and likewise $a$).
 #
 # What to expect. The additive memory holds $\sum_i k_i^\top (v^{\text{old}}_i + v^{\text{new}}_i)$,
 # so $a = b = 1$: it returns the old and the new value in equal parts, plus chapter 4's
@@ -467,19 +502,23 @@ print(f"raw Gaussian keys: ‖S‖ passes float32's largest number ({torch.finfo
 
 # %%
 def overwrite_test(make_keys, D, N, M, g):
-    """M memories of N pairs in D dims, written, then rewritten with new values, then read."""
+    """M memories of N pairs in D dims: written, rewritten with new values, read."""
     keys = make_keys(M, N, D, g)  # [M, N, D]
     old = torch.randn(M, N, D, generator=g, dtype=torch.float64)  # [M, N, D]
     new = torch.randn(M, N, D, generator=g, dtype=torch.float64)  # [M, N, D]
-    k2, v2 = torch.cat([keys, keys], dim=1), torch.cat([old, new], dim=1)  # the 2N tokens, in order
+    # the 2N tokens, in order
+    k2, v2 = torch.cat([keys, keys], dim=1), torch.cat([old, new], dim=1)
     ones = torch.ones(M, 1, 2 * N, dtype=torch.float64)  # β = 1
+    S_delta = delta_rule.parallel(k2[:, None], k2[:, None], v2[:, None], ones)[1]
     states = {"additive": memory.write(k2, v2),  # Σ kᵀ v   [M, D, D]
-              "delta rule": delta_rule.parallel(k2[:, None], k2[:, None], v2[:, None], ones)[1][:, 0]}
+              "delta rule": S_delta[:, 0]}
     out = {}
     for name, S in states.items():
         r = memory.read(S, keys)  # [M, N, D]
-        cos_new, cos_old = F.cosine_similarity(r, new, dim=-1), F.cosine_similarity(r, old, dim=-1)
-        out[name] = dict(error=((r - new).pow(2).sum() / new.pow(2).sum()).sqrt().item(),
+        cos_new = F.cosine_similarity(r, new, dim=-1)
+        cos_old = F.cosine_similarity(r, old, dim=-1)
+        error = ((r - new).pow(2).sum() / new.pow(2).sum()).sqrt().item()
+        out[name] = dict(error=error,
                          newer=(cos_new > cos_old).double().mean().item(),
                          a=((r * old).sum() / old.pow(2).sum()).item(),
                          b=((r * new).sum() / new.pow(2).sum()).item())
@@ -487,11 +526,13 @@ def overwrite_test(make_keys, D, N, M, g):
 
 
 def random_keys(M, N, D, g):
-    return memory.random_unit_keys(M * N, D, generator=g, dtype=torch.float64).view(M, N, D)
+    keys = memory.random_unit_keys(M * N, D, generator=g, dtype=torch.float64)
+    return keys.view(M, N, D)
 
 
 def orthonormal_keys(M, N, D, g):
-    return torch.stack([memory.orthonormal_keys(N, D, generator=g, dtype=torch.float64) for _ in range(M)])
+    return torch.stack([memory.orthonormal_keys(N, D, generator=g, dtype=torch.float64)
+                        for _ in range(M)])
 
 
 t0 = time.perf_counter()
@@ -503,40 +544,48 @@ for D in DIMS:
         M = max(1, PAIRS_PER_POINT // N)
         overwrite["random", D, N] = overwrite_test(random_keys, D, N, M, g)
         if N <= D:
-            overwrite["orthonormal", D, N] = overwrite_test(orthonormal_keys, D, N, M, g)
+            point = overwrite_test(orthonormal_keys, D, N, M, g)
+            overwrite["orthonormal", D, N] = point
 print(f"{len(overwrite)} points in {time.perf_counter() - t0:.1f} s")
 
-# %%
+# %% mystnb={"figure": {"caption": "Overwriting $N$ pairs with new values, additive memory (solid) against the delta rule with $\\beta = 1$ (dashed), random unit keys. Top: error against the new values (crosses and pluses: orthonormal keys). Bottom left: how often the read is closer to the new value than to the old. Bottom right: the coefficients of the new and the old value in the read; the delta rule's coefficient of the new value follows $(1 - e^{-N/D})/(N/D)$.", "name": "fig-deltanet-overwrite"}, "image": {"alt": "Three line plots against the load N over D from 1/8 to 4, one colour per memory size. Top: the additive error rises from about 1 to 3 and the delta rule's from about 0.3 to 1.2, with orthonormal-key markers at 1 and at 0. Bottom left: the additive memory stays at one half while the delta rule starts near 1 and falls towards 0.75. Bottom right: the additive coefficients stay near 1, the delta rule's new-value coefficient falls along a black curve to about 0.25 and its old-value coefficient stays near 0"}}
 colors = dict(zip(DIMS, plt.cm.viridis(torch.linspace(0, 0.85, len(DIMS)).tolist())))
-fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4))
+fig, axes = plt.subplot_mosaic([["error", "error"], ["newer", "coefficients"]],
+                               figsize=(6.8, 6.8))
+ax1, ax2, ax3 = axes["error"], axes["newer"], axes["coefficients"]
 for D in DIMS:
     Ns = [N for kind, d, N in overwrite if kind == "random" and d == D]
     load = [N / D for N in Ns]
     for name, style in (("additive", "o-"), ("delta rule", "s--")):
         pts = [overwrite["random", D, N][name] for N in Ns]
         label = f"{name}, D = {D}"
-        ax1.plot(load, [p["error"] for p in pts], style, ms=4, color=colors[D], label=label)
-        ax2.plot(load, [p["newer"] for p in pts], style, ms=4, color=colors[D], label=label)
+        ax1.plot(load, [p["error"] for p in pts], style, ms=4, color=colors[D],
+                 label=label)
+        ax2.plot(load, [p["newer"] for p in pts], style, ms=4, color=colors[D],
+                 label=label)
         ax3.plot(load, [p["b"] for p in pts], style, ms=4, color=colors[D])
         ax3.plot(load, [p["a"] for p in pts], style, ms=4, color=colors[D], alpha=0.35)
     ortho = [N for kind, d, N in overwrite if kind == "orthonormal" and d == D]
     for name, marker in (("additive", "x"), ("delta rule", "+")):
-        ax1.plot([N / D for N in ortho], [overwrite["orthonormal", D, N][name]["error"] for N in ortho],
-                 marker, ms=8, color=colors[D])
-r = torch.logspace(math.log10(min(LOADS)), math.log10(max(LOADS)), 100, dtype=torch.float64)
+        ortho_errors = [overwrite["orthonormal", D, N][name]["error"] for N in ortho]
+        ax1.plot([N / D for N in ortho], ortho_errors, marker, ms=8, color=colors[D])
+r = torch.logspace(math.log10(min(LOADS)), math.log10(max(LOADS)), 100,
+                   dtype=torch.float64)
 ax3.plot(r, (1 - torch.exp(-r)) / r, "k-", lw=1, label="(1 − e^(−N/D)) / (N/D)")
 ax1.set(xscale="log", xlabel="load N/D", ylabel="relative error vs the new values",
         title="Error (x: additive, +: delta; orthonormal keys)")
-ax2.set(xscale="log", xlabel="load N/D", ylabel="fraction of reads closer to the new value",
-        title="Which value comes back", ylim=(0.4, 1.02))
+ax2.set(xscale="log", xlabel="load N/D",
+        ylabel="fraction of reads closer\nto the new value", ylim=(0.4, 1.02))
+ax2.set_title("Which value comes back", fontsize=11)
 ax2.axhline(0.5, color="gray", lw=1, ls=":")
-ax3.set(xscale="log", xlabel="load N/D", ylabel="coefficient in the read",
-        title="How much of each: new (dark), old (light)")
+ax3.set(xscale="log", xlabel="load N/D", ylabel="coefficient in the read")
+ax3.set_title("How much of each:\nnew (dark), old (light)", fontsize=11)
 for ax in (ax1, ax2, ax3):
     ax.set_xticks(LOADS, [f"1/{round(1 / r)}" if r < 1 else str(r) for r in LOADS])
     ax.minorticks_off()
-ax1.legend(fontsize=7)
-ax3.legend(fontsize=8)
+ax1.legend(fontsize=8, ncols=2, loc="upper left")
+# between the new-value curves (top) and the old-value ones (bottom)
+ax3.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 0.14))
 plt.tight_layout()
 plt.show()
 
@@ -545,19 +594,22 @@ plt.show()
 
 # %%
 D = 32 if 32 in DIMS else DIMS[-1]
-print(f"D = {D}, random unit keys      additive                      delta rule (β = 1)")
+print(f"D = {D}, random unit keys      additive                      "
+      "delta rule (β = 1)")
 print(f"{'N':>5s} {'N/D':>5s}   {'error':>6s} {'newer':>6s} {'a':>5s} {'b':>5s}    "
       f"{'error':>6s} {'newer':>6s} {'a':>5s} {'b':>5s}  {'b predicted':>11s}")
 for kind, d, N in overwrite:
     if kind == "random" and d == D:
         add, dr = overwrite[kind, d, N]["additive"], overwrite[kind, d, N]["delta rule"]
-        print(f"{N:5d} {N / D:5.2f}   {add['error']:6.3f} {add['newer']:6.3f} {add['a']:5.2f} {add['b']:5.2f}    "
-              f"{dr['error']:6.3f} {dr['newer']:6.3f} {dr['a']:5.2f} {dr['b']:5.2f}  "
-              f"{D / N * (1 - (1 - 1 / D) ** N):11.2f}")
-worst = max(overwrite[key]["delta rule"]["error"] for key in overwrite if key[0] == "orthonormal")
-print(f"orthonormal keys, every D and N ≤ D: delta rule's largest error {worst:.1e}; additive's errors "
-      f"{min(overwrite[key]['additive']['error'] for key in overwrite if key[0] == 'orthonormal'):.3f} to "
-      f"{max(overwrite[key]['additive']['error'] for key in overwrite if key[0] == 'orthonormal'):.3f}")
+        cols = [f"{p['error']:6.3f} {p['newer']:6.3f} {p['a']:5.2f} {p['b']:5.2f}"
+                for p in (add, dr)]
+        b_predicted = D / N * (1 - (1 - 1 / D) ** N)
+        print(f"{N:5d} {N / D:5.2f}   {cols[0]}    {cols[1]}  {b_predicted:11.2f}")
+ortho_points = [overwrite[key] for key in overwrite if key[0] == "orthonormal"]
+worst = max(p["delta rule"]["error"] for p in ortho_points)
+additive_errors = [p["additive"]["error"] for p in ortho_points]
+print(f"orthonormal keys, every D and N ≤ D: delta rule's largest error {worst:.1e}; "
+      f"additive's errors {min(additive_errors):.3f} to {max(additive_errors):.3f}")
 
 # %% [markdown]
 # What the run shows:
@@ -636,17 +688,21 @@ MIXERS = ["softmax", "linear", "deltanet"]
 
 def build(mixer):
     torch.manual_seed(0)
-    config = MixerConfig(vocab_size=VOCAB, block_size=mqar_seq_len(max(EVAL_PAIRS), show_answers=False),
-                         n_layer=2, n_head=2, n_embd=64, mixer=mixer, conv_size=4, pos_emb=False)
+    # the length of a sequence at the largest P
+    longest = mqar_seq_len(max(EVAL_PAIRS), show_answers=False)
+    config = MixerConfig(vocab_size=VOCAB, block_size=longest, n_layer=2, n_head=2,
+                         n_embd=64, mixer=mixer, conv_size=4, pos_emb=False)
     return MixerLM(config)
 
 
 def batch_fn(g):
-    P = int(torch.randint(1, PAIRS_TRAIN + 1, (1,), generator=g))  # one pair count per batch
+    # one pair count per batch
+    P = int(torch.randint(1, PAIRS_TRAIN + 1, (1,), generator=g))
     return mqar(MQAR_BATCH, P, VOCAB, generator=g, show_answers=False)
 
 
-held_out = {P: mqar(N_EVAL, P, VOCAB, seed=1000 + P, show_answers=False) for P in EVAL_PAIRS}
+held_out = {P: mqar(N_EVAL, P, VOCAB, seed=1000 + P, show_answers=False)
+            for P in EVAL_PAIRS}
 
 
 def accuracy_at(model, P):
@@ -658,12 +714,14 @@ def accuracy_at(model, P):
 mqar_runs = {}
 for mixer in MIXERS:
     model = build(mixer)
-    result = train_batches(model, batch_fn, steps=MQAR_STEPS, lr=1e-2, warmup=min(50, MQAR_STEPS // 10),
+    result = train_batches(model, batch_fn, steps=MQAR_STEPS, lr=1e-2,
+                           warmup=min(50, MQAR_STEPS // 10),
                            eval_every=max(1, MQAR_STEPS // 16), progress=False,
                            eval_fn=lambda m: accuracy_at(m, PAIRS_TRAIN))
     mqar_runs[mixer] = dict(model=model, result=result,
                             accuracy={P: accuracy_at(model, P) for P in EVAL_PAIRS})
-    print(f"{mixer:8s}: {model.num_parameters():,} parameters, {MQAR_STEPS} steps in {result.seconds:.0f} s, "
+    print(f"{mixer:8s}: {model.num_parameters():,} parameters, "
+          f"{MQAR_STEPS} steps in {result.seconds:.0f} s, "
           f"final training loss {result.train_loss[-1]:.3f}")
 
 # %% [markdown]
@@ -681,23 +739,28 @@ with torch.no_grad():
     logits_loop = model(x[:32])
     for block in model.transformer.h:
         block.attn.op = None  # back to the layer's default: parallel for a prompt
-print(f"trained DeltaNet, {x.shape[1]} tokens: max |logits(parallel) - logits(token loop)| = "
-      f"{max_diff(logits_parallel, logits_loop):.1e} (logits up to {logits_loop.abs().max():.0f})")
+print(f"trained DeltaNet, {x.shape[1]} tokens: "
+      f"max |logits(parallel) - logits(token loop)| = "
+      f"{max_diff(logits_parallel, logits_loop):.1e} "
+      f"(logits up to {logits_loop.abs().max():.0f})")
 
-# %%
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+# %% mystnb={"figure": {"caption": "Multi-query associative recall with softmax attention, linear attention and DeltaNet, 2 layers of width 64, trained on $P \\le 8$ pairs. Top: held-out accuracy at $P = 8$ during training. Bottom: accuracy after training against the number of pairs $P$ in the context (shaded: the trained range; dotted: chance).", "name": "fig-deltanet-mqar"}, "image": {"alt": "Two line plots of recall accuracy. Top, against training step: softmax jumps to 1 by step 200, DeltaNet climbs to nearly 1 by step 800, linear attention rises slowly to about 0.45. Bottom, against pairs P from 1 to 32 on a log axis: softmax stays at 1, DeltaNet stays near 1 up to 8 and falls to about 0.5 at 32, linear attention falls from 1 to about 0.1, all above a dotted chance curve"}}
+fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4))
 for mixer, color in zip(MIXERS, ("C0", "C1", "C2")):
     run = mqar_runs[mixer]
-    ax1.plot(run["result"].val_steps, run["result"].val_metric, "o-", ms=3, color=color, label=mixer)
-    ax2.plot(EVAL_PAIRS, [run["accuracy"][P] for P in EVAL_PAIRS], "o-", color=color, label=mixer)
+    ax1.plot(run["result"].val_steps, run["result"].val_metric, "o-", ms=3, color=color,
+             label=mixer)
+    accuracies = [run["accuracy"][P] for P in EVAL_PAIRS]
+    ax2.plot(EVAL_PAIRS, accuracies, "o-", color=color, label=mixer)
 p = torch.tensor(EVAL_PAIRS, dtype=torch.float64)
 ax2.plot(p, 1 / p, "k:", lw=1, label="chance, 1/P")
 ax2.axvspan(0.9, PAIRS_TRAIN, color="gray", alpha=0.12, lw=0)
 ax2.text(1.05, 0.5, "trained on\nP ≤ 8", fontsize=8, color="gray")
 ax1.set(xlabel="training step", ylabel=f"recall accuracy at P = {PAIRS_TRAIN}",
         title="Learning to recall (held-out examples)", ylim=(-0.02, 1.02))
-ax2.set(xscale="log", xlabel="key-value pairs P in the context", ylabel="recall accuracy",
-        title="Recall against the number of pairs", ylim=(-0.02, 1.02))
+ax2.set(xscale="log", xlabel="key-value pairs P in the context",
+        ylabel="recall accuracy", title="Recall against the number of pairs",
+        ylim=(-0.02, 1.02))
 ax2.set_xticks(EVAL_PAIRS, [str(P) for P in EVAL_PAIRS])
 ax2.minorticks_off()
 ax1.legend()
@@ -705,14 +768,17 @@ ax2.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
 
-print(f"{'mixer':>8s} {'steps':>6s} {'time':>6s}  " + " ".join(f"{'P=' + str(P):>6s}" for P in EVAL_PAIRS))
+print(f"{'mixer':>8s} {'steps':>6s} {'time':>6s}  "
+      + " ".join(f"{'P=' + str(P):>6s}" for P in EVAL_PAIRS))
 for mixer in MIXERS:
     run = mqar_runs[mixer]
     print(f"{mixer:>8s} {MQAR_STEPS:6d} {run['result'].seconds:5.0f}s  "
           + " ".join(f"{run['accuracy'][P]:6.3f}" for P in EVAL_PAIRS))
-print(f"{'chance':>8s} {'':>6s} {'':>6s}  " + " ".join(f"{1 / P:6.3f}" for P in EVAL_PAIRS))
+print(f"{'chance':>8s} {'':>6s} {'':>6s}  "
+      + " ".join(f"{1 / P:6.3f}" for P in EVAL_PAIRS))
 
-for P in sorted({PAIRS_TRAIN, max(EVAL_PAIRS)}):  # what each layer keeps after reading one example
+# what each layer keeps after reading one example
+for P in sorted({PAIRS_TRAIN, max(EVAL_PAIRS)}):
     x, _ = held_out[P]
     sizes = []
     for mixer in MIXERS:
@@ -720,7 +786,8 @@ for P in sorted({PAIRS_TRAIN, max(EVAL_PAIRS)}):  # what each layer keeps after 
         with torch.no_grad():
             model(x[:1], cache=cache)
         sizes.append(f"{mixer} {cache.nbytes() / cache.n_layer / 1024:.2f} KiB")
-    print(f"state per layer after P = {P:2d} pairs ({x.shape[1]} tokens): " + ", ".join(sizes))
+    print(f"state per layer after P = {P:2d} pairs ({x.shape[1]} tokens): "
+          + ", ".join(sizes))
 
 # %% [markdown]
 # What the run shows (single runs, one seed each):
@@ -739,25 +806,30 @@ for P in sorted({PAIRS_TRAIN, max(EVAL_PAIRS)}):  # what each layer keeps after 
 # the queried pair: how many pairs were written into the context after it (0 for the last pair).
 # If the delta rule's erasure is at work, as in experiment 1, the old pairs go first.
 
-# %%
+# %% mystnb={"figure": {"caption": "Recall accuracy at $P = 32$ pairs by the age of the queried pair (how many pairs the context wrote after it). DeltaNet recalls the newest pairs best and the oldest worst; softmax and linear attention do not depend on age.", "name": "fig-deltanet-recall-by-age"}, "image": {"alt": "Line plot of recall accuracy against the age of the queried pair from 0 to 31: softmax flat at 1, DeltaNet falling from about 0.8 for the newest pairs to under 0.3 for the oldest, linear attention flat near 0.1"}}
 P = max(EVAL_PAIRS)
 x, y = held_out[P]
 context_keys, queries = x[:, 0 : 2 * P : 2], x[:, 2 * P :]  # [N, P] each
-index = (queries[:, :, None] == context_keys[:, None, :]).int().argmax(dim=-1)  # pair of each query
+# the index of the pair each query asks for
+index = (queries[:, :, None] == context_keys[:, None, :]).int().argmax(dim=-1)
 age = P - 1 - index  # pairs written after the queried one  [N, P]
 group = max(1, P // 8)  # ages pooled in groups
-fig, ax = plt.subplots(figsize=(7, 3.6))
+fig, ax = plt.subplots(figsize=(6.8, 3.6))
 for mixer, color in zip(MIXERS, ("C0", "C1", "C2")):
     with torch.no_grad():
-        hit = (mqar_runs[mixer]["model"](x).argmax(-1)[:, 2 * P :] == y[:, 2 * P :]).double()  # [N, P]
-    by_age = torch.zeros(P, dtype=torch.float64).index_add_(0, age.flatten(), hit.flatten()) / (
-        torch.bincount(age.flatten(), minlength=P).double())
+        prediction = mqar_runs[mixer]["model"](x).argmax(-1)  # [N, T]
+    hit = (prediction[:, 2 * P :] == y[:, 2 * P :]).double()  # [N, P]
+    ages = age.flatten()
+    hits = torch.zeros(P, dtype=torch.float64).index_add_(0, ages, hit.flatten())
+    by_age = hits / torch.bincount(ages, minlength=P).double()  # accuracy at each age
     pooled = by_age.view(-1, group).mean(-1)  # [P / group]
-    ax.plot(torch.arange(len(pooled)) * group + (group - 1) / 2, pooled, "o-", color=color, label=mixer)
+    centres = torch.arange(len(pooled)) * group + (group - 1) / 2  # mean age of a group
+    ax.plot(centres, pooled, "o-", color=color, label=mixer)
     print(f"{mixer:8s} accuracy by age at P = {P} (newest first, groups of {group}): "
           + " ".join(f"{a:.2f}" for a in pooled.tolist()))
-ax.set(xlabel="age of the queried pair (pairs written after it)", ylabel="recall accuracy",
-       title=f"Recall by age, P = {P} pairs", ylim=(-0.02, 1.02))
+ax.set(xlabel="age of the queried pair (pairs written after it)",
+       ylabel="recall accuracy", title=f"Recall by age, P = {P} pairs",
+       ylim=(-0.02, 1.02))
 ax.legend(loc="center right")
 plt.show()
 
@@ -770,16 +842,24 @@ plt.show()
 model, P = mqar_runs["deltanet"]["model"], max(EVAL_PAIRS)
 x, _ = held_out[P]
 betas = []
-hooks = [block.attn.b_proj.register_forward_hook(lambda m, inp, out: betas.append(out.sigmoid()))
-         for block in model.transformer.h]  # β_t = sigmoid(W_β x_t)  [B, T, H]
+
+
+def keep_beta(module, inputs, output):
+    """Forward hook on W_β: keep β_t = sigmoid(W_β x_t)  [B, T, H]."""
+    betas.append(output.sigmoid())
+
+
+hooks = [block.attn.b_proj.register_forward_hook(keep_beta)
+         for block in model.transformer.h]
 with torch.no_grad():
     model(x)
 for h in hooks:
     h.remove()
 for layer, beta_ in enumerate(betas, start=1):
     b = beta_.mean(dim=(0, 2))  # averaged over examples and heads  [T]
-    print(f"layer {layer}: mean β at key tokens {b[0 : 2 * P : 2].mean():.2f}, value tokens "
-          f"{b[1 : 2 * P : 2].mean():.2f}, queries {b[2 * P :].mean():.2f}")
+    print(f"layer {layer}: mean β at key tokens {b[0 : 2 * P : 2].mean():.2f}, "
+          f"value tokens {b[1 : 2 * P : 2].mean():.2f}, "
+          f"queries {b[2 * P :].mean():.2f}")
 
 # %% [markdown]
 # Putting these together:
@@ -846,7 +926,10 @@ print(f"smallest ELU+1 feature of a SiLU output: {floor:.3f} "
 
 # %%
 def deltanet_block_update(q, k, v, beta, S):
-    """The post's logic: one read of S for the whole block, one write, then every read."""
+    """The post's logic, for a whole block at once.
+
+    One read of S, one write, then every read.
+    """
     v_old = k @ S  # every token reads the state from before the block  [B, H, T, Dv]
     u = beta.unsqueeze(-1) * (v - v_old)  # [B, H, T, Dv]
     S = S + k.transpose(-1, -2) @ u  # one write for the whole block  [B, H, Dk, Dv]
@@ -855,8 +938,10 @@ def deltanet_block_update(q, k, v, beta, S):
 
 torch.manual_seed(5)
 B, H, T, D = 1, 2, 12, 8
-q, k = (F.normalize(torch.randn(B, H, T, D, dtype=torch.float64), dim=-1) for _ in range(2))
-v, beta = torch.randn(B, H, T, D, dtype=torch.float64), torch.rand(B, H, T, dtype=torch.float64)
+q, k = (F.normalize(torch.randn(B, H, T, D, dtype=torch.float64), dim=-1)
+        for _ in range(2))
+v = torch.randn(B, H, T, D, dtype=torch.float64)
+beta = torch.rand(B, H, T, dtype=torch.float64)
 o_ref, S_ref = delta_rule.recurrent(q, k, v, beta)
 
 try:
@@ -866,10 +951,11 @@ except TypeError as e:
 
 S, outs = torch.zeros(B, H, D, D, dtype=torch.float64), []
 for t in range(T):  # decoding: one token per call
-    o_t, S = deltanet_block_update(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1],
-                                   beta[:, :, t : t + 1], S)
+    o_t, S = deltanet_block_update(q[:, :, t : t + 1], k[:, :, t : t + 1],
+                                   v[:, :, t : t + 1], beta[:, :, t : t + 1], S)
     outs.append(o_t)
-print(f"one token per call: max error vs the recurrence: outputs {max_diff(torch.cat(outs, 2), o_ref):.1e}, "
+print(f"one token per call: max error vs the recurrence: "
+      f"outputs {max_diff(torch.cat(outs, 2), o_ref):.1e}, "
       f"final state {max_diff(S, S_ref):.1e}")
 
 zeros = torch.zeros(B, H, D, D, dtype=torch.float64)
@@ -891,14 +977,17 @@ print(f"prefill of {T} tokens: final state error {max_diff(S_block, S_ref):.2f} 
 # right, and only the non-causal read remains:
 
 # %%
+# T ≤ D orthonormal keys
 k_orth = memory.orthonormal_keys(T, 16, generator=torch.Generator().manual_seed(6),
-                                 dtype=torch.float64).expand(B, H, T, 16)  # T ≤ D orthonormal keys
+                                 dtype=torch.float64).expand(B, H, T, 16)
 q16 = F.normalize(torch.randn(B, H, T, 16, dtype=torch.float64), dim=-1)
 zeros16 = torch.zeros(B, H, 16, D, dtype=torch.float64)
 o_ref16, S_ref16 = delta_rule.recurrent(q16, k_orth, v, beta)
 o_blk16, S_blk16 = deltanet_block_update(q16, k_orth, v, beta, zeros16)
-print(f"orthonormal keys in the block: max |tril(K Kᵀ, -1)| = {(k_orth @ k_orth.mT).tril(-1).abs().max():.1e}; "
-      f"final state error {max_diff(S_blk16, S_ref16):.1e}; output error {max_diff(o_blk16, o_ref16):.2f} "
+overlaps = (k_orth @ k_orth.mT).tril(-1).abs().max()
+print(f"orthonormal keys in the block: max |tril(K Kᵀ, -1)| = {overlaps:.1e}; "
+      f"final state error {max_diff(S_blk16, S_ref16):.1e}; "
+      f"output error {max_diff(o_blk16, o_ref16):.2f} "
       f"(last position {max_diff(o_blk16[:, :, -1], o_ref16[:, :, -1]):.1e})")
 
 # %% [markdown]
@@ -908,11 +997,14 @@ print(f"orthonormal keys in the block: max |tril(K Kᵀ, -1)| = {(k_orth @ k_ort
 # tokens and then the remaining 4 as a second block, from the first block's state:
 
 # %%
-for name, op in (("recurrent", delta_rule.recurrent), ("parallel", delta_rule.parallel)):
+for name, op in (("recurrent", delta_rule.recurrent),
+                 ("parallel", delta_rule.parallel)):
     o_1, S_1 = op(q[:, :, :8], k[:, :, :8], v[:, :, :8], beta[:, :, :8])
-    o_2, S_2 = op(q[:, :, 8:], k[:, :, 8:], v[:, :, 8:], beta[:, :, 8:], initial_state=S_1)
+    o_2, S_2 = op(q[:, :, 8:], k[:, :, 8:], v[:, :, 8:], beta[:, :, 8:],
+                  initial_state=S_1)
     print(f"{name:9s} in two blocks: max error vs one pass: outputs "
-          f"{max_diff(torch.cat([o_1, o_2], dim=2), o_ref):.1e}, final state {max_diff(S_2, S_ref):.1e}")
+          f"{max_diff(torch.cat([o_1, o_2], dim=2), o_ref):.1e}, "
+          f"final state {max_diff(S_2, S_ref):.1e}")
 
 # %% [markdown]
 # This erratum is listed on the [errata page](../book/errata.md). The layer `tinyk3.layers.DeltaNet`
@@ -947,9 +1039,12 @@ ok = checks.run("delta_rule.step", delta_step_mine)
 
 # %%
 def delta_step_solution(S, k, v, beta):
-    v_old = torch.einsum("bhk,bhkv->bhv", k, S)  # k S: what S holds at k   [B, H, Dv]
-    u = beta.unsqueeze(-1) * (v - v_old)  # β (v − k S)                      [B, H, Dv]
-    return S + k.unsqueeze(-1) * u.unsqueeze(-2)  # S + kᵀ u, an outer product  [B, H, Dk, Dv]
+    # k S: what S holds at k   [B, H, Dv]
+    v_old = torch.einsum("bhk,bhkv->bhv", k, S)
+    # β (v − k S)   [B, H, Dv]
+    u = beta.unsqueeze(-1) * (v - v_old)
+    # S + kᵀ u, an outer product   [B, H, Dk, Dv]
+    return S + k.unsqueeze(-1) * u.unsqueeze(-2)
 
 
 ok = checks.run("delta_rule.step", delta_step_solution)
@@ -987,8 +1082,10 @@ ok = checks.run("delta_rule.loop", delta_rule_loop_mine)
 def delta_rule_loop_solution(q, k, v, beta, initial_state):
     S, outs = initial_state, []
     for t in range(q.shape[2]):
-        S = delta_step_solution(S, k[:, :, t], v[:, :, t], beta[:, :, t])  # S_t from S_{t-1}
-        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))  # o_t = q_t S_t  [B, H, Dv]
+        # S_t from S_{t-1}
+        S = delta_step_solution(S, k[:, :, t], v[:, :, t], beta[:, :, t])
+        # o_t = q_t S_t  [B, H, Dv]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
     return torch.stack(outs, dim=2), S
 
 

@@ -37,10 +37,11 @@
 # (the last cell prints the time); `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
-# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install it
-# from the repository without changing any package already installed: each one is pinned
-# to its installed version, so pip adds only what is missing (or stops and says why).
-# Locally, `make book` or `pip install -e .` has installed it. Then fix threads and seeds.
+# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
+# it from the repository without changing any package already installed: each one is
+# pinned to its installed version, so pip adds only what is missing (or stops and says
+# why). Locally, `make book` or `pip install -e .` has installed it. Then fix threads
+# and seeds.
 import importlib
 import importlib.util
 import subprocess
@@ -69,12 +70,11 @@ NOTEBOOK_START = time.perf_counter()
 SMOKE = False  # True: tiny sizes, for CI and the impatient
 
 # %%
-import io
+from functools import partial
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
 from tinyk3 import bench, checks, cost
@@ -86,7 +86,7 @@ T_TIME = 256 if SMOKE else 4096  # sequence length of the timing experiments
 H_TIME, D_TIME = (2, 16) if SMOKE else (4, 64)  # heads and head size there
 CHUNK_SIZES = [2**e for e in range(T_TIME.bit_length())]  # 1, 2, 4, ..., T_TIME
 REPEATS = 2 if SMOKE else 5  # timings per point (the fastest counts)
-WIDGET_T = 6 if SMOKE else 16  # the attention matrix drawn in the widget is WIDGET_T × WIDGET_T
+WIDGET_T = 6 if SMOKE else 16  # the widget draws a WIDGET_T × WIDGET_T attention matrix
 
 
 def max_diff(a, b):
@@ -94,7 +94,8 @@ def max_diff(a, b):
 
 
 def timed(fn):
-    """Seconds of fn(): the fastest of REPEATS runs after a warm-up, or one run if it takes over 0.5 s."""
+    """Seconds of fn(): the fastest of REPEATS runs after a warm-up,
+    or one run if it takes over 0.5 s."""
     start = time.perf_counter()
     fn()
     first = time.perf_counter() - start
@@ -130,21 +131,26 @@ def timed(fn):
 # %%
 torch.manual_seed(0)
 B, H, T, D = 1, H_TIME, T_TIME, D_TIME
-q_time, k_time, v_time = (torch.randn(B, H, T, D) / D**0.25 for _ in range(3))  # timing inputs, float32
+# the timing inputs, float32
+q_time, k_time, v_time = (torch.randn(B, H, T, D) / D**0.25 for _ in range(3))
 
 peak = bench.matmul_flops()  # flop/s of a 512 × 512 matrix product on this core
 t_recurrent = timed(lambda: la.recurrent(q_time, k_time, v_time))
 t_parallel = timed(lambda: la.parallel(q_time, k_time, v_time))
 flops_recurrent = B * H * 4 * T * D * D  # 4·D² per token and head
-flops_parallel = B * H * (4 * T * T * D + 4 * T * D * D)  # the T × T scores and their product with V; Q S_0, Kᵀ V
+# the T × T scores and their product with V; then Q S_0 and Kᵀ V
+flops_parallel = B * H * (4 * T * T * D + 4 * T * D * D)
 
-print(f"T = {T}, H = {H} heads of D = {D}; a 512×512 matrix product runs at {peak / 1e9:.0f} GFLOP/s")
-print(f"{'form':>10s} {'flops':>14s} {'sequential steps':>17s} {'time':>10s} {'GFLOP/s':>8s}")
+print(f"T = {T}, H = {H} heads of D = {D}; "
+      f"a 512×512 matrix product runs at {peak / 1e9:.0f} GFLOP/s")
+print(f"{'form':>10s} {'flops':>14s} {'sequential steps':>17s} "
+      f"{'time':>10s} {'GFLOP/s':>8s}")
 for name, flops, steps, seconds in (("recurrent", flops_recurrent, T, t_recurrent),
                                     ("parallel", flops_parallel, 1, t_parallel)):
-    print(f"{name:>10s} {flops:14,d} {steps:17,d} {seconds * 1e3:7.1f} ms {flops / seconds / 1e9:8.2f}")
-print(f"the parallel form does {flops_parallel / flops_recurrent:.0f}x the flops of the recurrence (T/D + 1) "
-      f"and takes {t_parallel / t_recurrent:.1f}x its time")
+    print(f"{name:>10s} {flops:14,d} {steps:17,d} {seconds * 1e3:7.1f} ms "
+          f"{flops / seconds / 1e9:8.2f}")
+print(f"the parallel form does {flops_parallel / flops_recurrent:.0f}x the flops of "
+      f"the recurrence (T/D + 1) and takes {t_parallel / t_recurrent:.1f}x its time")
 
 # %% [markdown]
 # In the run shown here the parallel form does $T/D + 1$ times the arithmetic of the recurrence
@@ -216,7 +222,9 @@ print(f"the parallel form does {flops_parallel / flops_recurrent:.0f}x the flops
 
 # %%
 def chunked_loop(q, k, v, C, normalize=False, initial_state=None, eps=1e-6):
-    """q, k: [B, H, T, Dk]; v: [B, H, T, Dv]. Returns (o [B, H, T, Dv], final state S or (S, z))."""
+    """q, k: [B, H, T, Dk]; v: [B, H, T, Dv].
+
+    Returns (o [B, H, T, Dv], final state S or (S, z))."""
     B, H, T, Dk = q.shape
     if initial_state is None:
         S, z = q.new_zeros(B, H, Dk, v.shape[-1]), q.new_zeros(B, H, Dk)  # S_[0], z_[0]
@@ -224,11 +232,13 @@ def chunked_loop(q, k, v, C, normalize=False, initial_state=None, eps=1e-6):
         S, z = initial_state if normalize else (initial_state, None)
     outs = []
     for start in range(0, T, C):  # ⌈T/C⌉ chunks; the last may hold fewer than C tokens
-        Qc, Kc, Vc = (x[:, :, start : start + C] for x in (q, k, v))  # [B, H, n, D], n <= C
+        # [B, H, n, D], n <= C
+        Qc, Kc, Vc = (x[:, :, start : start + C] for x in (q, k, v))
         scores = (Qc @ Kc.transpose(-1, -2)).tril()  # Q_c K_cᵀ ⊙ M   [B, H, n, n]
         o = Qc @ S + scores @ Vc  # O_c = Q_c S_c + (Q_c K_cᵀ ⊙ M) V_c   [B, H, n, Dv]
         if normalize:
-            denom = (Qc @ z.unsqueeze(-1)) + scores.sum(-1, keepdim=True)  # q_t · z_t  [B, H, n, 1]
+            # q_t · z_t   [B, H, n, 1]
+            denom = (Qc @ z.unsqueeze(-1)) + scores.sum(-1, keepdim=True)
             o = o / (denom + eps)
             z = z + Kc.sum(dim=2)  # z_[c+1] = z_[c] + 1ᵀ K_c
         S = S + Kc.transpose(-1, -2) @ Vc  # S_[c+1] = S_[c] + K_cᵀ V_c   [B, H, Dk, Dv]
@@ -239,8 +249,10 @@ def chunked_loop(q, k, v, C, normalize=False, initial_state=None, eps=1e-6):
 torch.manual_seed(1)
 q, k, v = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 6)
 o, S = chunked_loop(q, k, v, C=4)
-print(f"T = 10, C = 4: chunks {[(s, min(s + 4, 10)) for s in range(0, 10, 4)]} (start, end)")
-print(f"q, k {list(q.shape)}, v {list(v.shape)} -> o {list(o.shape)}, S {list(S.shape)}")
+bounds = [(s, min(s + 4, 10)) for s in range(0, 10, 4)]
+print(f"T = 10, C = 4: chunks {bounds} (start, end)")
+print(f"q, k {list(q.shape)}, v {list(v.shape)} -> "
+      f"o {list(o.shape)}, S {list(S.shape)}")
 
 # %% [markdown]
 # ## Check: the two limits, and the lib
@@ -252,17 +264,20 @@ print(f"q, k {list(q.shape)}, v {list(v.shape)} -> o {list(o.shape)}, S {list(S.
 # %%
 torch.manual_seed(2)
 B, H, T, Dk, Dv = 2, 3, 24, 8, 6
-q = feature_maps.elu_plus_one(torch.randn(B, H, T, Dk, dtype=torch.float64))  # positive features
+# positive features
+q = feature_maps.elu_plus_one(torch.randn(B, H, T, Dk, dtype=torch.float64))
 k = feature_maps.elu_plus_one(torch.randn(B, H, T, Dk, dtype=torch.float64))
 v = torch.randn(B, H, T, Dv, dtype=torch.float64)
 o_rec, S_rec = la.recurrent(q, k, v)
 o_par, S_par = la.parallel(q, k, v)
-print(f"C = 1: max |loop - recurrent| = {max_diff(chunked_loop(q, k, v, 1)[0], o_rec):.1e}, "
-      f"max |lib chunked - recurrent| = {max_diff(la.chunked(q, k, v, chunk_size=1)[0], o_rec):.1e}")
-print(f"C = T: max |loop - parallel|  = {max_diff(chunked_loop(q, k, v, T)[0], o_par):.1e}, "
-      f"max |lib chunked - parallel|  = {max_diff(la.chunked(q, k, v, chunk_size=T)[0], o_par):.1e}")
-print(f"(outputs up to {o_rec.abs().max().item():.0f}; the parallel form against the recurrence: "
-      f"{max_diff(o_par, o_rec):.1e})")
+o_loop_1, o_lib_1 = chunked_loop(q, k, v, 1)[0], la.chunked(q, k, v, chunk_size=1)[0]
+o_loop_T, o_lib_T = chunked_loop(q, k, v, T)[0], la.chunked(q, k, v, chunk_size=T)[0]
+print(f"C = 1: max |loop - recurrent| = {max_diff(o_loop_1, o_rec):.1e}, "
+      f"max |lib chunked - recurrent| = {max_diff(o_lib_1, o_rec):.1e}")
+print(f"C = T: max |loop - parallel|  = {max_diff(o_loop_T, o_par):.1e}, "
+      f"max |lib chunked - parallel|  = {max_diff(o_lib_T, o_par):.1e}")
+print(f"(outputs up to {o_rec.abs().max().item():.0f}; "
+      f"the parallel form against the recurrence: {max_diff(o_par, o_rec):.1e})")
 
 # %% [markdown]
 # Now every case the chapter needs, at $T = 50$ and chunk sizes $1, 3, 7, 16, 50, 64$ (so the
@@ -279,7 +294,8 @@ q64 = feature_maps.elu_plus_one(torch.randn(B, H, T, Dk, dtype=torch.float64))
 k64 = feature_maps.elu_plus_one(torch.randn(B, H, T, Dk, dtype=torch.float64))
 v64 = torch.randn(B, H, T, Dv, dtype=torch.float64)
 S0 = torch.randn(B, H, Dk, Dv, dtype=torch.float64)  # a state left by an earlier call
-z0 = feature_maps.elu_plus_one(torch.randn(B, H, Dk, dtype=torch.float64)) * 10  # its normaliser
+# and its normaliser
+z0 = feature_maps.elu_plus_one(torch.randn(B, H, Dk, dtype=torch.float64)) * 10
 
 print(f"{'dtype':>8s} {'normalize':>9s} {'S_0':>8s} | {'loop - lib chunked':>22s} | "
       f"{'loop - recurrent':>22s} | {'relative':>8s}")
@@ -290,17 +306,25 @@ for dtype in (torch.float64, torch.float32):
             init = None
             if nonzero:
                 init = (S0.to(dtype), z0.to(dtype)) if normalize else S0.to(dtype)
-            o_ref, st_ref = la.recurrent(q, k, v, normalize=normalize, initial_state=init)
+            opts = dict(normalize=normalize, initial_state=init)
+            o_ref, st_ref = la.recurrent(q, k, v, **opts)
             worst = {"lib o": 0.0, "lib S": 0.0, "rec o": 0.0, "rec S": 0.0}
             for C in (1, 3, 7, 16, 50, 64):
-                o_mine, st_mine = chunked_loop(q, k, v, C, normalize=normalize, initial_state=init)
-                o_lib, st_lib = la.chunked(q, k, v, chunk_size=C, normalize=normalize, initial_state=init)
-                S_mine, S_lib, S_ref = (s[0] if normalize else s for s in (st_mine, st_lib, st_ref))
-                for key, d in (("lib o", max_diff(o_mine, o_lib)), ("lib S", max_diff(S_mine, S_lib)),
-                               ("rec o", max_diff(o_mine, o_ref)), ("rec S", max_diff(S_mine, S_ref))):
+                o_mine, st_mine = chunked_loop(q, k, v, C, **opts)
+                o_lib, st_lib = la.chunked(q, k, v, chunk_size=C, **opts)
+                # the states S, without the normaliser z
+                S_mine, S_lib, S_ref = (s[0] if normalize else s
+                                        for s in (st_mine, st_lib, st_ref))
+                dists = {"lib o": max_diff(o_mine, o_lib),
+                         "lib S": max_diff(S_mine, S_lib),
+                         "rec o": max_diff(o_mine, o_ref),
+                         "rec S": max_diff(S_mine, S_ref)}
+                for key, d in dists.items():
                     worst[key] = max(worst[key], d)
             rel = worst["rec o"] / o_ref.abs().max().item()
-            print(f"{str(dtype).replace('torch.', ''):>8s} {normalize!s:>9s} {'random' if nonzero else 'zero':>8s} | "
+            dtype_name = str(dtype).replace("torch.", "")
+            start_state = "random" if nonzero else "zero"
+            print(f"{dtype_name:>8s} {normalize!s:>9s} {start_state:>8s} | "
                   f"o {worst['lib o']:8.1e}  S {worst['lib S']:8.1e} | "
                   f"o {worst['rec o']:8.1e}  S {worst['rec S']:8.1e} | {rel:8.1e}")
 
@@ -344,10 +368,12 @@ torch.manual_seed(4)
 B, H, T, D, C = 1, 2, 20, 4, 6  # 4 chunks, the last of 2 tokens
 q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(3))
 S0 = torch.randn(B, H, D, D, dtype=torch.float64)
-loop_states = [chunked_loop(q[:, :, :s], k[:, :, :s], v[:, :, :s], C, initial_state=S0)[1] if s else S0
-               for s in range(0, T, C)]  # S_[c]: the state after the tokens before chunk c
+# S_[c]: the state after the tokens before chunk c
+loop_states = [S0] + [chunked_loop(q[:, :, :s], k[:, :, :s], v[:, :, :s], C,
+                                   initial_state=S0)[1] for s in range(C, T, C)]
 n = -(-T // C)
-Kc = torch.cat([k, k.new_zeros(B, H, n * C - T, D)], dim=2).view(B, H, n, C, D)  # padded, [B, H, N, C, D]
+# zero-padded and cut into chunks   [B, H, N, C, D]
+Kc = torch.cat([k, k.new_zeros(B, H, n * C - T, D)], dim=2).view(B, H, n, C, D)
 Vc = torch.cat([v, v.new_zeros(B, H, n * C - T, D)], dim=2).view(B, H, n, C, D)
 kv = Kc.transpose(-1, -2) @ Vc  # every K_cᵀ V_c at once        [B, H, N, D, D]
 exclusive = S0.unsqueeze(2) + kv.cumsum(dim=2) - kv  # S_0 + Σ_{c' < c} K_c'ᵀ V_c'
@@ -368,10 +394,11 @@ print(f"N = {n} chunks; max |prefix sum - states of the loop| = "
 # experiment's sizes:
 
 # %% tags=["nbval-check-output"]
+inputs_mib = 3 * 4096 * 4 * 64 * 4 / 2**20  # q, k, v: T = 4096, 4 heads of 64, float32
 for C in (1, 16, 64):
-    n_states = -(-4096 // C) * 4 * 64 * 64  # N chunk states of 64 × 64, 4 heads, T = 4096
+    n_states = -(-4096 // C) * 4 * 64 * 64  # N chunk states of 64 × 64, 4 heads
     print(f"T = 4096, 4 heads of D = 64, C = {C:3d}: every chunk's state, float32: "
-          f"{n_states * 4 / 2**20:6.1f} MiB (the inputs q, k, v: {3 * 4096 * 4 * 64 * 4 / 2**20:.0f} MiB)")
+          f"{n_states * 4 / 2**20:6.1f} MiB (the inputs q, k, v: {inputs_mib:.0f} MiB)")
 
 # %% [markdown]
 # At $C = 1$ the vectorised form stores every $S_t$: chapter 3's cumsum form, the slowest prefill
@@ -392,21 +419,15 @@ for C in (1, 16, 64):
 #
 # The widget draws both for a $T \times T$ matrix, for every chunk size from 1 to $T$. The slider
 # `view` chooses what is shown (both; the diagonal blocks; the entries reached through the state),
-# the slider `C` the chunk size: its position $p$ shows $C = p + 1$, and the picture's title says
-# which $C$ it is, how many chunks there are, and how the entries split. A few seconds at full
-# size to draw all the pictures.
+# the slider `C` the chunk size; the picture's title repeats $C$ and says how many chunks there
+# are and how the entries split. A few seconds at full size to draw all the pictures.
 
 # %%
-def small_png(fig, colors=16):
-    """figure_png, reduced to a small palette: a fraction of the bytes, same look."""
-    image = Image.open(io.BytesIO(figure_png(fig))).convert("RGB").quantize(colors)
-    buf = io.BytesIO()
-    image.save(buf, format="png", optimize=True)
-    return buf.getvalue()
-
-
-BLOCK, MASKED, STATE = (0.17, 0.42, 0.73), (0.80, 0.86, 0.94), (0.94, 0.55, 0.16)  # colours
-VIEWS = ["both forms", "diagonal blocks (score order)", "through the state (state order)"]
+# colours: computed in a block and used; computed, then masked; through the state
+BLOCK, MASKED, STATE = (0.17, 0.42, 0.73), (0.80, 0.86, 0.94), (0.94, 0.55, 0.16)
+VIEWS = ["both forms", "diagonal blocks (score order)",
+         "through the state (state order)"]
+VIEW_LABELS = ["both forms", "diagonal blocks", "through the state"]  # on the slider
 
 
 def entries_png(T, C, view):
@@ -418,7 +439,7 @@ def entries_png(T, C, view):
         image[same_chunk & (j <= i)] = BLOCK  # computed and used
     if view in (0, 2):
         image[~same_chunk & (j < i)] = STATE  # reached through q_i S_[c]
-    fig, ax = plt.subplots(figsize=(3.4, 3.6), dpi=70)
+    fig, ax = plt.subplots(figsize=(3.4, 3.6))
     ax.imshow(image, interpolation="nearest", extent=(-0.5, T - 0.5, T - 0.5, -0.5))
     for b in range(C, T, C):  # chunk boundaries
         ax.axhline(b - 0.5, color="k", lw=0.6)
@@ -426,8 +447,10 @@ def entries_png(T, C, view):
     sizes = [min(C, T - s) for s in range(0, T, C)]
     in_blocks = sum(n * (n + 1) // 2 for n in sizes)
     last = f", last {sizes[-1]}" if sizes[-1] != C else ""
-    ax.set_title(f"C = {C}: {len(sizes)} chunk{'s' if len(sizes) > 1 else ''}{last}\n"
-                 f"{in_blocks} pairs in blocks, {T * (T + 1) // 2 - in_blocks} through the state",
+    plural = "s" if len(sizes) > 1 else ""
+    via_state = T * (T + 1) // 2 - in_blocks
+    ax.set_title(f"C = {C}: {len(sizes)} chunk{plural}{last}\n"
+                 f"{in_blocks} pairs in blocks, {via_state} through the state",
                  fontsize=9)
     ax.set_xlabel("key j", fontsize=8)
     ax.set_ylabel("query i", fontsize=8)
@@ -435,15 +458,19 @@ def entries_png(T, C, view):
     ax.set_yticks([])
     ax.grid(False)
     fig.text(0.5, 0.0, VIEWS[view], ha="center", fontsize=8)
-    return small_png(fig)
+    return figure_png(fig, colors=16)
 
 
 t0 = time.perf_counter()
-pngs = [[entries_png(WIDGET_T, C, view) for C in range(1, WIDGET_T + 1)] for view in range(3)]
-print(f"{sum(len(p) for row in pngs for p in row) / 1e3:.0f} kB of pictures in {time.perf_counter() - t0:.1f} s")
-image_grid_explorer(pngs, "view", "C",
-                    title=f"The {WIDGET_T}×{WIDGET_T} attention matrix: blue = score computed in a diagonal "
-                          "block (pale: computed, then masked), orange = reached through the state")
+C_VALUES = list(range(1, WIDGET_T + 1))
+pngs = [[entries_png(WIDGET_T, C, view) for C in C_VALUES] for view in range(3)]
+n_bytes = sum(len(p) for row in pngs for p in row)
+print(f"{n_bytes / 1e3:.0f} kB of pictures in {time.perf_counter() - t0:.1f} s")
+image_grid_explorer(pngs, "view", "C", row_labels=VIEW_LABELS, col_labels=C_VALUES,
+                    title=f"The {WIDGET_T}×{WIDGET_T} attention matrix: "
+                          "blue = score computed in a diagonal block "
+                          "(pale: computed, then masked), "
+                          "orange = reached through the state")
 
 # %% [markdown]
 # At $C = 1$ the blocks are the diagonal alone, the $1 \times 1$ scores $q_t \cdot k_t$, and
@@ -503,22 +530,27 @@ for T, C in ((1024, 64), (1000, 64), (1024, 1), (1024, 1024)):
     x = torch.zeros(B, H, T, D)
     measured = counted_flops(la.chunked, x, x, x, chunk_size=C)
     model = B * H * cost.chunked_linear_attention_flops(T, D, C).matmul
-    print(f"chunked  T = {T:4d}, C = {C:4d}: PyTorch counts {measured:13,d}, the model says {model:13,d}")
+    print(f"chunked  T = {T:4d}, C = {C:4d}: PyTorch counts {measured:13,d}, "
+          f"the model says {model:13,d}")
 measured = counted_flops(la.parallel, x, x, x)
 model = B * H * cost.parallel_linear_attention_flops(1024, D).matmul
-print(f"parallel T = 1024:           PyTorch counts {measured:13,d}, the model says {model:13,d}")
+print(f"parallel T = 1024:           PyTorch counts {measured:13,d}, "
+      f"the model says {model:13,d}")
 
 # %% [markdown]
 # Exact agreement. The split and the limits, for one head at the timing experiment's size:
 
 # %% tags=["nbval-check-output"]
 T, D = 4096, 64
-print(f"{'form':>16s} {'state work':>14s} {'diagonal':>14s} {'scan adds':>11s} {'sequential steps':>17s}")
+print(f"{'form':>16s} {'state work':>14s} {'diagonal':>14s} {'scan adds':>11s} "
+      f"{'sequential steps':>17s}")
 rows = [("recurrent", cost.recurrent_linear_attention_flops(T, D))]
-rows += [(f"chunked C={C}", cost.chunked_linear_attention_flops(T, D, C)) for C in (1, 16, 64, 256, 4096)]
+rows += [(f"chunked C={C}", cost.chunked_linear_attention_flops(T, D, C))
+         for C in (1, 16, 64, 256, 4096)]
 rows += [("parallel", cost.parallel_linear_attention_flops(T, D))]
 for name, f in rows:
-    print(f"{name:>16s} {f.state:14,d} {f.diagonal:14,d} {f.scan:11,d} {f.sequential_steps:17,d}")
+    print(f"{name:>16s} {f.state:14,d} {f.diagonal:14,d} {f.scan:11,d} "
+          f"{f.sequential_steps:17,d}")
 
 # %% [markdown]
 # **A note on the post's count.** The post gives the two terms as $2LD^2$ (state work) and $2LCD$
@@ -564,14 +596,19 @@ B, H, T, D = 1, H_TIME, T_TIME, D_TIME
 times = {"lib chunked": [], "chunk loop": []}
 with torch.no_grad():
     for C in CHUNK_SIZES:
-        times["lib chunked"].append(timed(lambda: la.chunked(q_time, k_time, v_time, chunk_size=C)))  # noqa: B023
-        times["chunk loop"].append(timed(lambda: chunked_loop(q_time, k_time, v_time, C)))  # noqa: B023
-flops = np.array([B * H * cost.chunked_linear_attention_flops(T, D, C).matmul for C in CHUNK_SIZES], dtype=float)
+        lib_form = partial(la.chunked, q_time, k_time, v_time, chunk_size=C)
+        loop_form = partial(chunked_loop, q_time, k_time, v_time, C)
+        times["lib chunked"].append(timed(lib_form))
+        times["chunk loop"].append(timed(loop_form))
+flops = np.array([B * H * cost.chunked_linear_attention_flops(T, D, C).matmul
+                  for C in CHUNK_SIZES], dtype=float)
 chunks = np.array([cost.n_chunks(T, C) for C in CHUNK_SIZES], dtype=float)
-print(f"{'C':>5s} {'chunks':>6s} {'GFLOP':>7s} | {'lib chunked':>11s} {'GFLOP/s':>8s} | {'chunk loop':>11s} {'GFLOP/s':>8s}")
+print(f"{'C':>5s} {'chunks':>6s} {'GFLOP':>7s} | "
+      f"{'lib chunked':>11s} {'GFLOP/s':>8s} | {'chunk loop':>11s} {'GFLOP/s':>8s}")
 for idx, C in enumerate(CHUNK_SIZES):
     a, b = times["lib chunked"][idx], times["chunk loop"][idx]
-    print(f"{C:5d} {int(chunks[idx]):6d} {flops[idx] / 1e9:7.3f} | {a * 1e3:8.1f} ms {flops[idx] / a / 1e9:8.2f} | "
+    print(f"{C:5d} {int(chunks[idx]):6d} {flops[idx] / 1e9:7.3f} | "
+          f"{a * 1e3:8.1f} ms {flops[idx] / a / 1e9:8.2f} | "
           f"{b * 1e3:8.1f} ms {flops[idx] / b / 1e9:8.2f}")
 print(f"recurrent {t_recurrent * 1e3:.1f} ms, parallel {t_parallel * 1e3:.1f} ms; "
       f"matmul rate {peak / 1e9:.0f} GFLOP/s ({time.perf_counter() - t0:.0f} s)")
@@ -581,23 +618,26 @@ for name, secs in times.items():
           f"{t_recurrent / secs[best]:.0f}x faster than the recurrence and "
           f"{t_parallel / secs[best]:.0f}x faster than the parallel form")
 faster = sum(b < a for a, b in zip(times["lib chunked"], times["chunk loop"]))
-print(f"the chunk loop is faster than lib chunked at {faster} of the {len(CHUNK_SIZES)} chunk sizes")
+print(f"the chunk loop is faster than lib chunked at {faster} "
+      f"of the {len(CHUNK_SIZES)} chunk sizes")
 
-# %%
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+# %% mystnb={"figure": {"caption": "Time (top) and flop rate (bottom) of the lib's vectorised chunked form and of the chunk loop against the chunk size $C$, next to the recurrence ($C = 1$), the parallel form ($C = T$) and the matrix-product rate: both forms trace a U, and at small $C$ the rate collapses although the flops barely change.", "name": "fig-chunked-time-rate-vs-c"}, "image": {"alt": "Two stacked line plots against chunk size on a log axis from 1 to T. Top: time in milliseconds on a log scale for the lib's chunked form and the chunk loop, both U-shaped with their lowest point at a few tens of tokens per chunk, a triangle for the recurrence at C = 1, one for the parallel form at C = T, and a dashed line, far lower, for the time of the flops at the matrix-product rate. Bottom: GFLOP per second of both forms, near zero at small chunks, rising to a peak at large chunks and falling at the largest, below a dashed line for the matrix-product rate."}}
+fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
 for name, marker in (("lib chunked", "o-"), ("chunk loop", "s-")):
     ax1.plot(CHUNK_SIZES, np.array(times[name]) * 1e3, marker, ms=4, label=name)
     ax2.plot(CHUNK_SIZES, flops / np.array(times[name]) / 1e9, marker, ms=4, label=name)
 ax1.plot([1], [t_recurrent * 1e3], "k^", ms=8, label="recurrent (C = 1)")
 ax1.plot([T], [t_parallel * 1e3], "kv", ms=8, label="parallel (C = T)")
 ax1.plot(CHUNK_SIZES, flops / peak * 1e3, "k--", lw=1, label="flops at the matmul rate")
-ax1.set(xscale="log", yscale="log", xlabel="chunk size C", ylabel="time (ms)",
+ax1.set(yscale="log", ylabel="time (ms)",
         title=f"T = {T}, {H} heads of D = {D}, one thread")
 ax2.axhline(peak / 1e9, color="k", ls="--", lw=1, label="512×512 matmul")
-ax2.set(xscale="log", xlabel="chunk size C", ylabel="GFLOP/s (flops of the model)", title="Rate achieved")
+ax2.set(xlabel="chunk size C", ylabel="GFLOP/s (flops of the model)",
+        title="Rate achieved")
 for ax in (ax1, ax2):
     ax.set_xscale("log", base=2)
-    ax.legend(fontsize=8)
+ax1.legend(fontsize=8, ncol=2, loc="upper center")
+ax2.legend(fontsize=8, loc="center left")
 plt.tight_layout()
 plt.show()
 
@@ -605,8 +645,8 @@ plt.show()
 # In the run shown here both forms trace a U. On the right, the diagonal blocks dominate: from
 # $C = 512$ on, each doubling of $C$ roughly doubles the flops and about doubles the time, or more
 # at the largest chunks, where the rate falls; that rate stays a sizeable fraction of the
-# matrix-product rate (right panel; the dashed line on the left is the time the flops alone would
-# take at that rate). On the left the
+# matrix-product rate (lower panel; the dashed line in the upper panel is the time the flops
+# alone would take at that rate). On the left the
 # flops barely change (the state work $4TD^2$ is the same at every $C$), yet the time grows as $C$
 # shrinks and the rate collapses: the cost there is per chunk, not per flop. The bottom of the U
 # is at a few tens to a hundred tokens per chunk (the lines under the table give the fastest $C$
@@ -625,7 +665,9 @@ plt.show()
 
 # %%
 def fit_cost(seconds):
-    """Least squares for seconds ≈ a·flops + b·chunks, on relative errors; returns a, b, prediction."""
+    """Least squares for seconds ≈ a·flops + b·chunks, on relative errors.
+
+    Returns a, b and the prediction."""
     y = np.asarray(seconds)
     X = np.stack([flops, chunks], axis=1) / y[:, None]
     (a, b), *_ = np.linalg.lstsq(X, np.ones_like(y), rcond=None)
@@ -634,16 +676,18 @@ def fit_cost(seconds):
 
 fits = {name: fit_cost(secs) for name, secs in times.items()}
 for name, (a, b, _) in fits.items():
-    print(f"{name:12s}: 1/a = {1 / a / 1e9:5.1f} GFLOP/s ({1 / a / peak:.0%} of the matmul rate), "
-          f"b = {b * 1e6:6.1f} µs per chunk")
+    print(f"{name:12s}: 1/a = {1 / a / 1e9:5.1f} GFLOP/s "
+          f"({1 / a / peak:.0%} of the matmul rate), b = {b * 1e6:6.1f} µs per chunk")
 print(f"measured / model:\n{'C':>6s} {'lib chunked':>12s} {'chunk loop':>12s}")
 for idx, C in enumerate(CHUNK_SIZES):
-    print(f"{C:6d} " + " ".join(f"{times[name][idx] / fit[2][idx]:12.2f}" for name, fit in fits.items()))
+    ratios = [times[name][idx] / fit[2][idx] for name, fit in fits.items()]
+    print(f"{C:6d} " + " ".join(f"{r:12.2f}" for r in ratios))
 
-# %%
-fig, ax = plt.subplots(figsize=(7, 4))
+# %% mystnb={"figure": {"caption": "Measured time of the two chunked forms against the chunk size $C$ (dots) and the fitted model $a \\cdot F(C) + b \\cdot \\lceil T/C \\rceil$ (lines): two numbers per form, a flop rate and a cost per chunk, reproduce the U and where its bottom lies.", "name": "fig-chunked-cost-model-fit"}, "image": {"alt": "Log-log plot of time in milliseconds against chunk size from 1 to T: dots for the measured times of the lib's chunked form and the chunk loop, each with a fitted line of the same colour; all four trace a U with the lowest point at a few tens of tokens per chunk, the lines close to the dots except at the smallest and largest chunk sizes."}}
+fig, ax = plt.subplots(figsize=(6.8, 4))
 for (name, (a, b, pred)), color in zip(fits.items(), ("C0", "C1")):
-    ax.plot(CHUNK_SIZES, np.array(times[name]) * 1e3, "o", color=color, ms=4, label=f"{name}, measured")
+    ax.plot(CHUNK_SIZES, np.array(times[name]) * 1e3, "o", color=color, ms=4,
+            label=f"{name}, measured")
     ax.plot(CHUNK_SIZES, pred * 1e3, "-", color=color, lw=1,
             label=f"model: F/({1 / a / 1e9:.0f} GFLOP/s) + {b * 1e6:.0f} µs × chunks")
 ax.set(xscale="log", yscale="log", xlabel="chunk size C", ylabel="time (ms)",
@@ -671,15 +715,25 @@ plt.show()
 #   line that builds `S_all`, timed on its own at three chunk sizes against the whole call:
 
 # %%
-for C in (1, 16, 64) if not SMOKE else (1, 16):
-    N = cost.n_chunks(T, C)
+def time_scan(N):
+    """Seconds of la.chunked's scan alone, the line that builds S_all, for N chunks."""
     kv = torch.randn(B, H, N, D, D)  # stand-in for the N products K_cᵀ V_c
     S_start = torch.zeros(B, H, D, D)
-    scan = timed(lambda: torch.cat([S_start.unsqueeze(2), S_start.unsqueeze(2) + kv.cumsum(dim=2)], dim=2))  # noqa: B023
+
+    def scan():
+        S_first = S_start.unsqueeze(2)  # [B, H, 1, D, D]
+        return torch.cat([S_first, S_first + kv.cumsum(dim=2)], dim=2)
+
+    return timed(scan)
+
+
+for C in (1, 16, 64) if not SMOKE else (1, 16):
+    N = cost.n_chunks(T, C)
+    scan = time_scan(N)
     whole = times["lib chunked"][CHUNK_SIZES.index(C)]
-    print(f"C = {C:3d}: the scan over {N:5d} states of {D}×{D} (×{H} heads) takes {scan * 1e3:7.1f} ms "
-          f"of the {whole * 1e3:7.1f} ms of la.chunked ({scan / whole:.0%})")
-kv = S_start = None  # free the stand-in states
+    print(f"C = {C:3d}: the scan over {N:5d} states of {D}×{D} (×{H} heads) "
+          f"takes {scan * 1e3:7.1f} ms of the {whole * 1e3:7.1f} ms of la.chunked "
+          f"({scan / whole:.0%})")
 
 # %% [markdown]
 # In the run shown here the scan, which is nearly free in flops ($TD^2/C$ additions), takes most of
@@ -710,7 +764,9 @@ kv = S_start = None  # free the stand-in states
 
 # %%
 def chunked_floor(q, k, v, C):
-    """The post's logic: range(T // C) chunks. Right when C divides T; drops T mod C tokens otherwise."""
+    """The post's logic: range(T // C) chunks.
+
+    Right when C divides T; drops T mod C tokens otherwise."""
     B, H, T, Dk = q.shape
     S = q.new_zeros(B, H, Dk, v.shape[-1])
     outs = []
@@ -730,7 +786,8 @@ for T, C in ((12, 4), (10, 4), (3, 4)):
     o, S = chunked_floor(q, k, v, C)
     kept = o.shape[2]
     err = max_diff(o, o_ref[:, :, :kept]) if kept else 0.0
-    print(f"T = {T:2d}, C = {C}: output has {kept:2d} of {T} tokens (max error on those {err:.0e}); "
+    print(f"T = {T:2d}, C = {C}: output has {kept:2d} of {T} tokens "
+          f"(max error on those {err:.0e}); "
           f"max |final state - recurrent's| = {max_diff(S, S_ref):.2f}")
 
 # %% [markdown]
@@ -751,9 +808,11 @@ for T, C in ((12, 4), (10, 4), (3, 4)):
     o_ref, S_ref = la.recurrent(q, k, v)
     o_loop, S_loop = chunked_loop(q, k, v, C)
     o_lib, S_lib = la.chunked(q, k, v, chunk_size=C)
-    print(f"T = {T:2d}, C = {C}: loop over range(0, T, C): {o_loop.shape[2]:2d} tokens, error "
-          f"{max(max_diff(o_loop, o_ref), max_diff(S_loop, S_ref)):.0e};  padded (la.chunked): "
-          f"{o_lib.shape[2]:2d} tokens, error {max(max_diff(o_lib, o_ref), max_diff(S_lib, S_ref)):.0e}")
+    err_loop = max(max_diff(o_loop, o_ref), max_diff(S_loop, S_ref))
+    err_lib = max(max_diff(o_lib, o_ref), max_diff(S_lib, S_ref))
+    print(f"T = {T:2d}, C = {C}: loop over range(0, T, C): "
+          f"{o_loop.shape[2]:2d} tokens, error {err_loop:.0e};  padded (la.chunked): "
+          f"{o_lib.shape[2]:2d} tokens, error {err_lib:.0e}")
 
 # %% [markdown]
 # The lib's tests run every form at lengths that are not multiples of the chunk size for this
@@ -792,10 +851,11 @@ def chunked_linear_attention_solution(q, k, v, chunk_size):
     B, H, T, Dk = q.shape
     C, N = chunk_size, -(-T // chunk_size)  # N = ⌈T/C⌉ chunks
     pad = N * C - T
-    Qc, Kc, Vc = (torch.cat([x, x.new_zeros(B, H, pad, x.shape[-1])], dim=2).view(B, H, N, C, -1)
-                  for x in (q, k, v))  # zero-padded to N·C tokens  [B, H, N, C, D]
+    # zero-padded to N·C tokens, then cut into chunks   [B, H, N, C, D]
+    Qc, Kc, Vc = (torch.cat([x, x.new_zeros(B, H, pad, x.shape[-1])], dim=2)
+                  .view(B, H, N, C, -1) for x in (q, k, v))
     kv = Kc.transpose(-1, -2) @ Vc  # K_cᵀ V_c for every chunk       [B, H, N, Dk, Dv]
-    S_start = kv.cumsum(dim=2) - kv  # S_c = Σ_{c' < c} K_c'ᵀ V_c'   (exclusive prefix sum)
+    S_start = kv.cumsum(dim=2) - kv  # exclusive prefix sum: S_c = Σ_{c' < c} K_c'ᵀ V_c'
     scores = (Qc @ Kc.transpose(-1, -2)).tril()  # Q_c K_cᵀ ⊙ M          [B, H, N, C, C]
     o = Qc @ S_start + scores @ Vc  # [B, H, N, C, Dv]
     return o.reshape(B, H, N * C, -1)[:, :, :T]  # drop the padding   [B, H, T, Dv]
@@ -883,9 +943,9 @@ for C in (32, 64, 128, 256):
 #
 # **References.** A. Katharopoulos, A. Vyas, N. Pappas, F. Fleuret, "Transformers are RNNs: Fast
 # Autoregressive Transformers with Linear Attention", ICML 2020. S. Yang, B. Wang, Y. Shen,
-# R. Panda, Y. Kim, "Gated Linear Attention Transformers with Hardware-Efficient Training", ICML
-# 2024. S. Yang, B. Wang, Y. Zhang, Y. Shen, Y. Kim, "Parallelizing Linear Transformers with the
-# Delta Rule over Sequence Length", NeurIPS 2024.
+# R. Panda, Y. Kim, "Gated Linear Attention Transformers with Hardware-Efficient Training",
+# ICML 2024. S. Yang, B. Wang, Y. Zhang, Y. Shen, Y. Kim, "Parallelizing Linear Transformers with
+# the Delta Rule over Sequence Length", NeurIPS 2024.
 
 # %%
 print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")

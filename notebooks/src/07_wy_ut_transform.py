@@ -38,10 +38,11 @@
 # `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
-# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install it
-# from the repository without changing any package already installed: each one is pinned
-# to its installed version, so pip adds only what is missing (or stops and says why).
-# Locally, `make book` or `pip install -e .` has installed it. Then fix threads and seeds.
+# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
+# it from the repository without changing any package already installed: each one is
+# pinned to its installed version, so pip adds only what is missing (or stops and says
+# why). Locally, `make book` or `pip install -e .` has installed it. Then fix threads
+# and seeds.
 import importlib
 import importlib.util
 import subprocess
@@ -81,10 +82,10 @@ import torch.nn.functional as F
 from tinyk3 import checks, conditioning
 from tinyk3.ops import delta_rule, linear_attention, wy
 
-CHUNK_SIZES = [16, 32, 64] if SMOKE else [16, 32, 64, 128, 256]  # C in the conditioning sweep
+CHUNK_SIZES = [16, 32, 64] if SMOKE else [16, 32, 64, 128, 256]  # C in the sweep
 BETAS = [0.1, 0.5, 1.0, 2.0] if SMOKE else [0.1, 0.25, 0.5, 1.0, 2.0]  # β in the sweep
 N_CHUNKS = 4 if SMOKE else 16  # random chunks per point of the sweep
-TIMING_DIMS = [16, 32, 64] if SMOKE else [16, 32, 64, 128, 256]  # head sizes D in the experiment
+TIMING_DIMS = [16, 32, 64] if SMOKE else [16, 32, 64, 128, 256]  # head sizes D timed
 TIMING_REPEATS = 2 if SMOKE else 7
 
 
@@ -93,7 +94,8 @@ def max_diff(a, b):
 
 
 def unit_chunk(shape, C, Dk, Dv, seed, dtype=torch.float64):
-    """A chunk of C tokens: unit keys [*shape, C, Dk], values [*shape, C, Dv], β [*shape, C] in (0, 1)."""
+    """A chunk of C tokens: unit keys [*shape, C, Dk], values [*shape, C, Dv],
+    β [*shape, C] in (0, 1)."""
     g = torch.Generator().manual_seed(seed)
     k = F.normalize(torch.randn(*shape, C, Dk, generator=g, dtype=dtype), dim=-1)
     v = torch.randn(*shape, C, Dv, generator=g, dtype=dtype)
@@ -123,7 +125,8 @@ print(f"linear attention: max |S_0 + Kᵀ V - token loop|                    = "
 _, S_delta = delta_rule.recurrent(k, k, v, beta, initial_state=S0)
 read_once = S0 + k.mT @ (beta[..., None] * (v - k @ S0))
 print(f"delta rule:       max |S_0 + Kᵀ diag(β)(V - K S_0) - token loop|    = "
-      f"{max_diff(read_once, S_delta):.2f}   (the state is {S_delta.abs().max():.2f} at most)")
+      f"{max_diff(read_once, S_delta):.2f}   "
+      f"(the state is {S_delta.abs().max():.2f} at most)")
 
 # %% [markdown]
 # What survives is linearity. Each delta-rule step is an affine map of the state,
@@ -143,7 +146,8 @@ print(f"delta rule:       max |S_0 + Kᵀ diag(β)(V - K S_0) - token loop|    =
 # %%
 P = wy.transition_product(k, beta)  # F_C ⋯ F_1                   [B, H, Dk, Dk]
 _, H_chunk = delta_rule.recurrent(k, k, v, beta)  # from S_0 = 0     [B, H, Dk, Dv]
-print(f"max |P S_0 + H - token loop from S_0| = {max_diff(P @ S0 + H_chunk, S_delta):.1e}")
+print(f"max |P S_0 + H - token loop from S_0| = "
+      f"{max_diff(P @ S0 + H_chunk, S_delta):.1e}")
 
 # %% [markdown]
 # So a chunk *could* be handled like chapter 6's: compute each chunk's $(P, H)$ independently,
@@ -194,12 +198,15 @@ print(f"max |P S_0 + H - token loop from S_0| = {max_diff(P @ S0 + H_chunk, S_de
 
 # %%
 def wy_recursion(k, x, beta):
-    """Rows y_r = β_r (x_r − Σ_{i<r} (k_r·k_i) y_i). k [..., C, Dk], x [..., C, D], beta [..., C]."""
+    """Rows y_r = β_r (x_r − Σ_{i<r} (k_r·k_i) y_i).
+
+    k [..., C, Dk], x [..., C, D], beta [..., C]."""
     rows = []
     for r in range(k.shape[-2]):
         y = x[..., r, :]  # x_r                                     [..., D]
         for i in range(r):
-            k_dot = (k[..., r, :] * k[..., i, :]).sum(-1, keepdim=True)  # k_r · k_i  [..., 1]
+            # k_r · k_i   [..., 1]
+            k_dot = (k[..., r, :] * k[..., i, :]).sum(-1, keepdim=True)
             y = y - k_dot * rows[i]
         rows.append(beta[..., r, None] * y)  # y_r
     return torch.stack(rows, dim=-2)  # [..., C, D]
@@ -315,9 +322,12 @@ print(f"T above its diagonal: max |entry| = {T.triu(1).abs().max():.1e}; "
 # %%
 k100, _, beta100 = unit_chunk((2,), 100, 32, 1, seed=1)
 for name, (k_, beta_) in (("C = 64 ", (k, beta)), ("C = 100", (k100, beta100))):
-    T_inv = torch.linalg.inv(wy.ut_matrix(k_, beta_)) * beta_.unsqueeze(-2)  # A⁻¹ diag(β), by inv
-    dists = {m: max_diff(wy.ut_transform(k_, beta_, m), T_inv) for m in ("solve", "forward", "block")}
-    print(f"{name}: max |T - inv(A) diag(β)|: " + ", ".join(f"{m} {d:.1e}" for m, d in dists.items()))
+    # A⁻¹ diag(β), by a general matrix inverse
+    T_inv = torch.linalg.inv(wy.ut_matrix(k_, beta_)) * beta_.unsqueeze(-2)
+    dists = {m: max_diff(wy.ut_transform(k_, beta_, m), T_inv)
+             for m in ("solve", "forward", "block")}
+    print(f"{name}: max |T - inv(A) diag(β)|: "
+          + ", ".join(f"{m} {d:.1e}" for m, d in dists.items()))
 
 # %% [markdown]
 # **Why kernels do not stop there.** Forward substitution of a $64 \times 64$ system is 63 steps,
@@ -388,7 +398,8 @@ b = 16
 print(f"{'C':>4s} {'forward substitution':>21s} {'16-blocks + pairwise merges':>28s} "
       f"{'16-blocks + block rows':>23s}")
 for C_ in (64, 128):
-    print(f"{C_:4d} {C_ - 1:>15d} steps {b - 1:>9d} + {int(math.log2(C_ // b)):d} merge levels "
+    levels = int(math.log2(C_ // b))
+    print(f"{C_:4d} {C_ - 1:>15d} steps {b - 1:>9d} + {levels:d} merge levels "
           f"{b - 1:>12d} + {C_ // b - 1} block rows")
 
 # %% [markdown]
@@ -418,27 +429,35 @@ for C_ in (64, 128):
 
 # %%
 def paper_layout_chunk(k, v, beta, S0_paper):
-    """Papers' layout, from its equations: S ∈ R^{Dv×Dk}, later transitions on the right."""
+    """Papers' layout, from its equations.
+
+    S ∈ R^{Dv×Dk}, later transitions on the right."""
     Dk_ = k.shape[-1]
-    P_paper = torch.eye(Dk_, dtype=k.dtype).expand(*k.shape[:-2], Dk_, Dk_)
+    eye_k = torch.eye(Dk_, dtype=k.dtype)
+    P_paper = eye_k.expand(*k.shape[:-2], Dk_, Dk_)
     for t in range(k.shape[-2]):
         k_col = k[..., t, :, None]  # a column vector  [..., Dk, 1]
-        P_paper = P_paper @ (torch.eye(Dk_, dtype=k.dtype) - beta[..., t, None, None] * k_col @ k_col.mT)
+        F_t = eye_k - beta[..., t, None, None] * k_col @ k_col.mT  # I − β_t k_t k_tᵀ
+        P_paper = P_paper @ F_t  # later transitions on the right
     W_, U_ = wy.wy_factors(k, v, beta)  # the same T, W, U
-    S_C = S0_paper + (U_ - W_ @ S0_paper.mT).mT @ k  # S_0 + (U − W S_0ᵀ)ᵀ K   [..., Dv, Dk]
+    # S_0 + (U − W S_0ᵀ)ᵀ K   [..., Dv, Dk]
+    S_C = S0_paper + (U_ - W_ @ S0_paper.mT).mT @ k
     return P_paper, W_, S_C
 
 
 def fla_style_T(k, beta):
-    """Strictly lower Ã, then (I + Ã)⁻¹; β goes into the right-hand sides, W = (I + Ã)⁻¹ (β ⊙ K)."""
+    """Strictly lower Ã, then (I + Ã)⁻¹; β goes into the right-hand sides:
+    W = (I + Ã)⁻¹ (β ⊙ K)."""
     A_strict = (beta[..., :, None] * (k @ k.mT)).tril(-1)
     eye_C = torch.eye(k.shape[-2], dtype=k.dtype).expand_as(A_strict)
-    Ai = torch.linalg.solve_triangular(eye_C + A_strict, eye_C, upper=False, unitriangular=True)
+    Ai = torch.linalg.solve_triangular(eye_C + A_strict, eye_C, upper=False,
+                                       unitriangular=True)
     return Ai * beta[..., None, :]  # so that T K = Ai (β ⊙ K)
 
 
 def negated_in_place_T(k, beta):
-    """N = −Ã; rows Y_i = N_i + Σ_{m<i} N_im Y_m below the diagonal; then I + Y = (I − N)⁻¹."""
+    """N = −Ã; rows Y_i = N_i + Σ_{m<i} N_im Y_m below the diagonal;
+    then I + Y = (I − N)⁻¹."""
     Y = -(beta[..., :, None] * (k @ k.mT)).tril(-1)
     for i in range(1, k.shape[-2]):
         Y[..., i, :i] = Y[..., i, :i] + (Y[..., i, :i, None] * Y[..., :i, :i]).sum(-2)
@@ -447,11 +466,15 @@ def negated_in_place_T(k, beta):
 
 P_paper, W_paper, S_C_paper = paper_layout_chunk(k, v, beta, S0.mT)
 eye = torch.eye(Dk, dtype=torch.float64)
-print(f"papers: max |P^p - (I - Wᵀ K)|           = {max_diff(P_paper, eye - W_paper.mT @ k):.1e}")
+d_wy = max_diff(P_paper, eye - W_paper.mT @ k)
+d_state = max_diff(S_C_paper, S_delta.mT)
+d_stages = max_diff(fla_style_T(k, beta), T)
+d_negated = max_diff(negated_in_place_T(k, beta), T)
+print(f"papers: max |P^p - (I - Wᵀ K)|           = {d_wy:.1e}")
 print(f"papers: max |P^p - our P transposed|      = {max_diff(P_paper, P.mT):.1e}")
-print(f"papers: max |S^p_C - our S_C transposed|  = {max_diff(S_C_paper, S_delta.mT):.1e}")
-print(f"kernel stages: max |T - ours|             = {max_diff(fla_style_T(k, beta), T):.1e}")
-print(f"negated, in place: max |T - ours|         = {max_diff(negated_in_place_T(k, beta), T):.1e}")
+print(f"papers: max |S^p_C - our S_C transposed|  = {d_state:.1e}")
+print(f"kernel stages: max |T - ours|             = {d_stages:.1e}")
+print(f"negated, in place: max |T - ours|         = {d_negated:.1e}")
 
 # %% [markdown]
 # **A sign to watch.** The sign in front of the strictly lower part is easy to lose between these
@@ -536,12 +559,14 @@ for kind in KINDS:
     for C_ in CHUNK_SIZES:
         keys_ = conditioning.chunk_keys(kind, N_CHUNKS, C_, 128, generator=g)
         for b in BETAS:
-            r = conditioning.ut_precision(keys_, torch.full((N_CHUNKS, C_), b, dtype=torch.float64))
-            sweep[kind, C_, b] = dict(cond=r.cond.median().item(), t_max=r.t_max.median().item(),
-                                      error=r.error.nan_to_num(nan=math.inf).median().item())
+            betas_ = torch.full((N_CHUNKS, C_), b, dtype=torch.float64)  # constant β
+            r = conditioning.ut_precision(keys_, betas_)
+            sweep[kind, C_, b] = dict(
+                cond=r.cond.median().item(), t_max=r.t_max.median().item(),
+                error=r.error.nan_to_num(nan=math.inf).median().item())
 print(f"{len(sweep)} points in {time.perf_counter() - t0:.1f} s")
 
-# %%
+# %% mystnb={"figure": {"caption": "Median condition number $\\kappa_2(A)$ of the UT system over random chunks with $D_k = 128$, against the chunk size $C$ and the write strength $\\beta$, one panel per kind of key: small for unit keys, growing polynomially with $C$ and $\\beta$ for correlated keys, and astronomically large for raw keys.", "name": "fig-wy-sweep-condition"}, "image": {"alt": "Three heat maps stacked vertically, for unit, correlated and raw keys, each with chunk size from 16 to 256 on the vertical axis and beta from 0.1 to 2 on the horizontal axis; every cell is coloured by the logarithm of the condition number and labelled with its value: single digits to tens for unit keys, up to a few thousand for correlated keys, and around 1e18 over most of the raw-key panel."}}
 def label_of(x):
     if not np.isfinite(x):
         return "inf"
@@ -550,23 +575,34 @@ def label_of(x):
     return f"{x:.0f}" if x >= 100 else f"{x:.2g}"
 
 
-for metric, title, (lo, hi) in (("cond", "κ₂(A)", (0, 19)), ("error", "float32 error of T", (-8, 0))):
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+def plot_sweep(metric, title, lo, hi):
+    """A heat map per kind of key: log10 of `metric` over C and β, values written in."""
+    fig, axes = plt.subplots(len(KINDS), 1, figsize=(6.6, 7.2), sharex=True,
+                             layout="constrained")
     for ax, kind in zip(axes, KINDS):
-        grid = np.array([[sweep[kind, C_, b][metric] for b in BETAS] for C_ in CHUNK_SIZES])
+        grid = np.array([[sweep[kind, C_, b][metric] for b in BETAS]
+                         for C_ in CHUNK_SIZES])
         shown = np.log10(np.clip(np.nan_to_num(grid, posinf=1e300), 1e-12, 1e300))
-        im = ax.imshow(shown, origin="lower", aspect="auto", cmap="viridis", vmin=lo, vmax=hi)
+        im = ax.imshow(shown, origin="lower", aspect="auto", cmap="viridis",
+                       vmin=lo, vmax=hi)
         for i in range(len(CHUNK_SIZES)):
             for j in range(len(BETAS)):
-                ax.text(j, i, label_of(grid[i, j]), ha="center", va="center", fontsize=9,
-                        color="white" if shown[i, j] < (lo + hi) / 2 else "black")
+                color = "white" if shown[i, j] < (lo + hi) / 2 else "black"
+                ax.text(j, i, label_of(grid[i, j]), ha="center", va="center",
+                        fontsize=9, color=color)
         ax.set_xticks(range(len(BETAS)), [str(b) for b in BETAS])
         ax.set_yticks(range(len(CHUNK_SIZES)), [str(c) for c in CHUNK_SIZES])
-        ax.set(xlabel="β", title=f"{kind} keys: {title}")
+        ax.set(ylabel="chunk size C", title=f"{kind} keys: {title}")
         ax.grid(False)
-    axes[0].set_ylabel("chunk size C")
-    fig.colorbar(im, ax=axes, label=f"log10 {title}", fraction=0.02, pad=0.02)
+    axes[-1].set_xlabel("β")
+    fig.colorbar(im, ax=axes, label=f"log10 {title}", aspect=40, pad=0.02)
     plt.show()
+
+
+plot_sweep("cond", "κ₂(A)", 0, 19)
+
+# %% mystnb={"figure": {"caption": "Median relative error of $T$ computed in float32 from keys stored in float32, against $T$ in float64, over the same sweep: about $10^{-7}$ for unit keys, up to about $10^{-5}$ for correlated keys, and overflow (inf) for raw keys once $C \\beta$ is moderate.", "name": "fig-wy-sweep-float32-error"}, "image": {"alt": "Three heat maps stacked vertically, for unit, correlated and raw keys, each with chunk size on the vertical axis and beta on the horizontal axis; every cell is coloured by the logarithm of the float32 error of T and labelled with its value: between 1e-8 and 1e-6 for unit keys, up to about 1e-5 for correlated keys, and for raw keys about 1e-6 in the smallest chunks but inf over most of the upper right."}}
+plot_sweep("error", "float32 error of T", -8, 0)
 
 # %% [markdown]
 # The numbers at the chunk size kernels use, $C = 64$, with $\beta = 1$, and at the largest chunk of
@@ -586,8 +622,10 @@ for kind in KINDS:
     for label, bs in (("β ≤ 1", [b for b in BETAS if b <= 1]), ("β ≤ 2", BETAS)):
         pts = [sweep[kind, C_, b] for C_ in CHUNK_SIZES for b in bs]
         finite = [p["error"] for p in pts if math.isfinite(p["error"])]
-        parts.append(f"{label}: κ₂ ≤ {max(p['cond'] for p in pts):8.2g}, error ≤ "
-                     f"{max(finite):.0e}, overflow at {len(pts) - len(finite):2d} of {len(pts)} points")
+        worst_cond = max(p["cond"] for p in pts)
+        n_overflow = len(pts) - len(finite)
+        parts.append(f"{label}: κ₂ ≤ {worst_cond:8.2g}, error ≤ {max(finite):.0e}, "
+                     f"overflow at {n_overflow:2d} of {len(pts)} points")
     print(f"{kind:>10s} keys, C ≤ {C_big}:  " + ";  ".join(parts))
 
 # %% [markdown]
@@ -604,7 +642,7 @@ for kind in KINDS:
 #   $10^{-5}$. The bound keeps $T$ itself small.
 # - **Raw keys break it.** With $\|k\|^2 \approx 128$ every transition amplifies the state along its
 #   key, $T$ grows geometrically with $C$, and from moderate $C\beta$ on it overflows float32
-#   ("inf" in the lower panels) while $\kappa_2(A)$ saturates at $10^{18}$ to $10^{19}$, where float64 itself
+#   ("inf" in the raw-key panel of the second figure) while $\kappa_2(A)$ saturates at $10^{18}$ to $10^{19}$, where float64 itself
 #   can no longer resolve it. The chunked form cannot rescue such keys: the recurrence itself is
 #   unstable for them (chapter 5's norm experiment).
 #
@@ -617,9 +655,13 @@ for kind in ("unit", "correlated"):
     keys_ = conditioning.chunk_keys(kind, N_CHUNKS, 64, 128, generator=g)
     ones_ = torch.ones(N_CHUNKS, 64, dtype=torch.float64)
     line = []
-    for label, kwargs in (("float32 keys", {}), ("bfloat16 keys", dict(input_dtype=torch.bfloat16))):
-        errs = {m: conditioning.ut_precision(keys_, ones_, method=m, **kwargs).error.median().item()
-                for m in ("solve", "forward", "block")}
+    key_dtypes = (("float32 keys", {}),
+                  ("bfloat16 keys", dict(input_dtype=torch.bfloat16)))
+    for label, kwargs in key_dtypes:
+        errs = {}
+        for m in ("solve", "forward", "block"):
+            r = conditioning.ut_precision(keys_, ones_, method=m, **kwargs)
+            errs[m] = r.error.median().item()
         line.append(f"{label}: " + ", ".join(f"{m} {e:.1e}" for m, e in errs.items()))
     print(f"{kind:>10s} keys, float32 solve ({'; '.join(line)})")
 
@@ -662,7 +704,8 @@ for kind in ("unit", "correlated"):
 
 # %%
 def best_time(fn, repeats=TIMING_REPEATS):
-    """The fastest of `repeats` runs after a warm-up: the least disturbed by other work on the machine."""
+    """The fastest of `repeats` runs after a warm-up:
+    the least disturbed by other work on the machine."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -691,40 +734,45 @@ timings = {m: [] for m in METHODS}
 for D in TIMING_DIMS:
     k_, v_, beta_ = unit_chunk((N_TIMED,), C_TIMED, D, D, seed=D, dtype=torch.float32)
     dist = max_diff(wy.transition_product(k_, beta_), wy_P(k_, beta_))
-    timings["explicit product"].append(best_time(partial(wy.transition_product, k_, beta_)))
-    timings["WY form of P"].append(best_time(partial(wy_P, k_, beta_)))
-    timings["WY factors T, W, U"].append(best_time(partial(wy.wy_factors, k_, v_, beta_)))
+    forms = {"explicit product": partial(wy.transition_product, k_, beta_),
+             "WY form of P": partial(wy_P, k_, beta_),
+             "WY factors T, W, U": partial(wy.wy_factors, k_, v_, beta_)}
+    for m, fn in forms.items():
+        timings[m].append(best_time(fn))
     ms = [timings[m][-1] * 1e3 for m in METHODS]
-    print(f"D = {D:3d}: explicit {ms[0]:8.2f} ms, WY form of P {ms[1]:6.2f} ms, WY factors {ms[2]:6.2f} ms"
+    print(f"D = {D:3d}: explicit {ms[0]:8.2f} ms, WY form of P {ms[1]:6.2f} ms, "
+          f"WY factors {ms[2]:6.2f} ms"
           f"   (max |explicit P - WY P| = {dist:.1e}, float32)")
 
-# %%
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+# %% mystnb={"figure": {"caption": "Top: time of the explicit product of transitions, of the WY form of $P$ and of the WY factors alone, for a batch of chunks of $C = 64$ tokens, against the head size $D$. Bottom: the explicit product's time over the WY form's, measured and as the operation counts predict; the saving grows with $D$.", "name": "fig-wy-explicit-vs-wy-time"}, "image": {"alt": "Two stacked log-log line plots against head size D from 16 to 256. Top: milliseconds per batch of chunks; the explicit product rises steeply to a few hundred, while the WY form of P and the WY factors stay between a fraction of a millisecond and about one millisecond. Bottom: the measured ratio of the explicit product's time to the WY form's, rising from about 10 to about 200, next to a dashed operation-count ratio that starts lower and meets it at D = 256."}}
+fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
 for m, marker in zip(METHODS, "osD"):
     ax1.plot(TIMING_DIMS, [t * 1e3 for t in timings[m]], marker + "-", label=m)
-ax1.set(xscale="log", yscale="log", xlabel="head size D",
-        ylabel=f"ms for {N_TIMED} chunks of C = {C_TIMED}", title="Time per batch of chunks")
-ax1.set_xticks(TIMING_DIMS, [str(d) for d in TIMING_DIMS])
-ax1.minorticks_off()
-ax1.legend()
+ax1.set(xscale="log", yscale="log", ylabel=f"ms for {N_TIMED} chunks of C = {C_TIMED}",
+        title="Time per batch of chunks")
+ax1.legend(loc="upper left")
 measured = [a / b for a, b in zip(timings["explicit product"], timings["WY form of P"])]
-model = [flops("explicit product", C_TIMED, D) / flops("WY form of P", C_TIMED, D) for D in TIMING_DIMS]
+model = [flops("explicit product", C_TIMED, D) / flops("WY form of P", C_TIMED, D)
+         for D in TIMING_DIMS]
 ax2.plot(TIMING_DIMS, measured, "o-", label="measured time ratio")
 ax2.plot(TIMING_DIMS, model, "k--", label="operation-count ratio")
-ax2.set(xscale="log", yscale="log", xlabel="head size D", ylabel="explicit product / WY form of P",
-        title="How much the WY form saves")
-ax2.set_xticks(TIMING_DIMS, [str(d) for d in TIMING_DIMS])
-ax2.minorticks_off()
-ax2.legend()
+ax2.set(xscale="log", yscale="log", xlabel="head size D",
+        ylabel="explicit product / WY form of P", title="How much the WY form saves")
+ax2.legend(loc="upper left")
+for ax in (ax1, ax2):
+    ax.set_xticks(TIMING_DIMS, [str(d) for d in TIMING_DIMS])
+    ax.minorticks_off()
 plt.tight_layout()
 plt.show()
 
-print(f"{'D':>4s} {'time ratio':>11s} {'operation ratio':>16s} {'explicit product, GFLOP/s':>27s} "
+print(f"{'D':>4s} {'time ratio':>11s} {'operation ratio':>16s} "
+      f"{'explicit product, GFLOP/s':>27s} "
       f"{'explicit product, time x per doubling of D':>44s}")
-for i, (D, r, mdl, t) in enumerate(zip(TIMING_DIMS, measured, model, timings["explicit product"])):
-    growth = f"{t / timings['explicit product'][i - 1]:.1f}" if i else "-"
-    print(f"{D:4d} {r:11.1f} {mdl:16.1f} {N_TIMED * flops('explicit product', C_TIMED, D) / t / 1e9:27.1f} "
-          f"{growth:>44s}")
+explicit = timings["explicit product"]
+for i, (D, r, mdl, t) in enumerate(zip(TIMING_DIMS, measured, model, explicit)):
+    growth = f"{t / explicit[i - 1]:.1f}" if i else "-"
+    rate = N_TIMED * flops("explicit product", C_TIMED, D) / t / 1e9  # GFLOP/s
+    print(f"{D:4d} {r:11.1f} {mdl:16.1f} {rate:27.1f} {growth:>44s}")
 
 # %% [markdown]
 # In the run shown here:
@@ -818,7 +866,8 @@ ok = checks.run("wy.merge_block_inverse", merge_block_inverse_mine)
 # %%
 def merge_block_inverse_solution(A11_inv, A21, A22_inv):
     m, n = A11_inv.shape[-1], A22_inv.shape[-1]
-    X = A11_inv.new_zeros(*A11_inv.shape[:-2], m + n, m + n)  # the upper-right block stays 0
+    # the upper-right block stays 0
+    X = A11_inv.new_zeros(*A11_inv.shape[:-2], m + n, m + n)
     X[..., :m, :m] = A11_inv
     X[..., m:, m:] = A22_inv
     X[..., m:, :m] = -A22_inv @ A21 @ A11_inv  # [n, n] [n, m] [m, m]
@@ -859,9 +908,11 @@ ok = checks.run("wy.wy_factors", wy_factors_mine)
 def wy_factors_solution(k, v, beta):
     C = k.shape[-2]
     eye = torch.eye(C, dtype=k.dtype)
-    A = eye + (beta[..., :, None] * (k @ k.mT)).tril(-1)  # row r scaled by β_r   [..., C, C]
-    A_inv = torch.linalg.solve_triangular(A, eye.expand_as(A), upper=False, unitriangular=True)
-    T = A_inv * beta[..., None, :]  # A⁻¹ diag(β): column j scaled by β_j       [..., C, C]
+    # I + tril(diag(β) K Kᵀ, −1): row r scaled by β_r   [..., C, C]
+    A = eye + (beta[..., :, None] * (k @ k.mT)).tril(-1)
+    A_inv = torch.linalg.solve_triangular(A, eye.expand_as(A), upper=False,
+                                          unitriangular=True)
+    T = A_inv * beta[..., None, :]  # A⁻¹ diag(β): column j scaled by β_j   [..., C, C]
     return T @ k, T @ v
 
 

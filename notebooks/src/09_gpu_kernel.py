@@ -41,10 +41,11 @@
 # cell prints why it skipped and the rest of the chapter runs.
 
 # %% tags=["hide-input"]
-# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install it
-# from the repository without changing any package already installed: each one is pinned
-# to its installed version, so pip adds only what is missing (or stops and says why).
-# Locally, `make book` or `pip install -e .` has installed it. Then fix threads and seeds.
+# Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
+# it from the repository without changing any package already installed: each one is
+# pinned to its installed version, so pip adds only what is missing (or stops and says
+# why). Locally, `make book` or `pip install -e .` has installed it. Then fix threads
+# and seeds.
 import importlib
 import importlib.util
 import subprocess
@@ -83,6 +84,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from IPython.display import Code, display
+from matplotlib.lines import Line2D
 
 import tinyk3.kernels as kernels
 from tinyk3 import checks
@@ -95,15 +97,18 @@ if kernels.AVAILABLE:
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
+    cuda_note = ("; CUDA tensors run compiled on " + torch.cuda.get_device_name() if GPU
+                 else "; no CUDA GPU here")
     print(f"Triton {kernels.TRITON_VERSION}: CPU tensors run under its interpreter"
-          + ("; CUDA tensors run compiled on " + torch.cuda.get_device_name() if GPU else "; no CUDA GPU here"))
+          + cuda_note)
 else:
-    print(f"{kernels.REASON}. The Triton cells below print this and skip; the rest of the chapter runs. "
+    print(f"{kernels.REASON}. The Triton cells below print this and skip; "
+          "the rest of the chapter runs. "
           "To run them, install Triton (`pip install triton`, Linux).")
 
 T_INTERP = 64 if SMOKE else 256  # sequence length of the interpreter timing
 SWEEP_CS = [16] if SMOKE else [16, 32, 64]  # chunk sizes of the interpreter check
-COMPILE_CS = [16] if SMOKE else [16, 32, 64]  # chunk sizes compiled for sm_90 in the experiment
+COMPILE_CS = [16] if SMOKE else [16, 32, 64]  # chunk sizes compiled for sm_90
 COMPILE_D = 32 if SMOKE else 128  # head size compiled for sm_90 (Kimi Linear's is 128)
 PRECISIONS = ["tf32"] if SMOKE else ["tf32", "ieee"]  # tl.dot input precisions compiled
 
@@ -113,7 +118,8 @@ def max_diff(a, b):
 
 
 def inputs(B, H, T, Dk, Dv, seed, dtype=torch.float32):
-    """Unit keys, β in (0, 1), standard normal queries and values, a random initial state."""
+    """Unit keys, β in (0, 1), standard normal queries and values,
+    a random initial state."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, T, Dk, generator=g)
     k = F.normalize(torch.randn(B, H, T, Dk, generator=g), dim=-1)
@@ -124,11 +130,14 @@ def inputs(B, H, T, Dk, Dv, seed, dtype=torch.float32):
 
 
 def show_part(fn, first, last=None):
-    """Display the lines of a lib function's source from the one containing `first` to the one
-    containing `last` (to the end if None): the lib's text, shown in pieces."""
+    """Display the lines of a lib function's source from the one containing `first`
+    to the one containing `last` (to the end if None): the lib's text, in pieces."""
     lines = inspect.getsource(fn).splitlines()
     i = next(n for n, line in enumerate(lines) if first in line)
-    j = next(n for n, line in enumerate(lines) if n >= i and last in line) if last else len(lines) - 1
+    if last:
+        j = next(n for n, line in enumerate(lines) if n >= i and last in line)
+    else:
+        j = len(lines) - 1
     display(Code("\n".join(lines[i:j + 1]), language="python"))
 
 
@@ -231,17 +240,23 @@ if kernels.AVAILABLE:
         o_d = tl.arange(0, BD)  # column of k, padded to a power of two      [BD]
         m_t = o_t < T  # rows past the end of the sequence are padding
         m_td = m_t[:, None] & (o_d[None, :] < D)
-        b_k = tl.load(k + i_bh * T * D + o_t[:, None] * D + o_d[None, :], mask=m_td, other=0.0)  # K_c [C, BD]
+        p_k = k + i_bh * T * D + o_t[:, None] * D + o_d[None, :]  # addresses of K_c
+        b_k = tl.load(p_k, mask=m_td, other=0.0)  # K_c                     [C, BD]
         b_beta = tl.load(beta + i_bh * T + o_t, mask=m_t, other=0.0)  # β_c   [C]
-        b_A = b_beta[:, None] * tl.dot(b_k, tl.trans(b_k), input_precision="ieee")  # diag(β) K Kᵀ  [C, C]
+        # diag(β) K Kᵀ   [C, C]
+        b_A = b_beta[:, None] * tl.dot(b_k, tl.trans(b_k), input_precision="ieee")
         b_A = tl.where(o_i[:, None] > o_i[None, :], b_A, 0.0)  # keep j < i
-        tl.store(a + i_bh * T * BC + o_t[:, None] * BC + o_i[None, :], b_A, mask=m_t[:, None])
+        p_a = a + i_bh * T * BC + o_t[:, None] * BC + o_i[None, :]  # addresses in a
+        tl.store(p_a, b_A, mask=m_t[:, None])
 
     def scaled_kkt(k, beta, C):
-        """Launch it: compiled for CUDA tensors, the Triton interpreter for CPU tensors."""
+        """Launch it: compiled for CUDA tensors, interpreted for CPU tensors."""
         B, H, T, D = k.shape
         a = torch.empty(B, H, T, C, dtype=torch.float32, device=k.device)
-        kernel = triton.jit(scaled_kkt_kernel) if k.is_cuda else InterpretedFunction(scaled_kkt_kernel)
+        if k.is_cuda:
+            kernel = triton.jit(scaled_kkt_kernel)
+        else:
+            kernel = InterpretedFunction(scaled_kkt_kernel)
         grid = (triton.cdiv(T, C), B * H)  # one program per (chunk, head)
         BD = max(16, triton.next_power_of_2(D))
         kernel[grid](k.contiguous(), beta.contiguous(), a, T, D, BC=C, BD=BD)
@@ -262,10 +277,13 @@ if kernels.AVAILABLE:
     _, k, _, beta, _ = inputs(B, H, T, D, D, seed=0)
     a = scaled_kkt(k, beta, C)  # [B, H, T, C]
     N, pad = -(-T // C), -T % C
-    kc = F.pad(k, (0, 0, 0, pad)).view(B, H, N, C, D)  # chunks, zero-padded   [B, H, N, C, D]
+    # chunks, zero-padded   [B, H, N, C, D]
+    kc = F.pad(k, (0, 0, 0, pad)).view(B, H, N, C, D)
     bc = F.pad(beta, (0, pad)).view(B, H, N, C)
-    A_ref = wy.ut_matrix(kc, bc) - torch.eye(C)  # tril(diag(β) K Kᵀ, −1) per chunk   [B, H, N, C, C]
-    print(f"max |A from my kernel - wy.ut_matrix - I| = {max_diff(a, A_ref.flatten(2, 3)[:, :, :T]):.1e} "
+    # tril(diag(β) K Kᵀ, −1) per chunk   [B, H, N, C, C]
+    A_ref = wy.ut_matrix(kc, bc) - torch.eye(C)
+    d_A = max_diff(a, A_ref.flatten(2, 3)[:, :, :T])
+    print(f"max |A from my kernel - wy.ut_matrix - I| = {d_A:.1e} "
           f"({N} chunks x {B * H} heads = {N * B * H} programs)")
 else:
     print(kernels.REASON)
@@ -316,14 +334,16 @@ C = 16
 _, k, _, beta, _ = inputs(1, 1, C, 32, 32, seed=1)
 k_c, b_c = k[0, 0], beta[0, 0]  # one chunk: [C, Dk], [C]
 o_i = torch.arange(C)
-A = torch.where(o_i[:, None] > o_i[None, :], b_c[:, None] * (k_c @ k_c.T), 0.0)  # A_c   [C, C]
+# A_c   [C, C]
+A = torch.where(o_i[:, None] > o_i[None, :], b_c[:, None] * (k_c @ k_c.T), 0.0)
 N = -A
 for i in range(1, C):
-    row = torch.where(o_i[:, None] == i, N, 0.0).sum(0)  # −A_i, read out by a mask        [C]
-    row = row + (row[:, None] * N).sum(0)  # −A_i − Σ_j A_ij N_j                           [C]
+    row = torch.where(o_i[:, None] == i, N, 0.0).sum(0)  # −A_i, read out by a mask  [C]
+    row = row + (row[:, None] * N).sum(0)  # −A_i − Σ_j A_ij N_j                     [C]
     N = torch.where(o_i[:, None] == i, row[None, :], N)  # write row i back
 T_c = (N + torch.eye(C)) * b_c[None, :]  # (I + N) diag(β): scale column j by β_j
-print(f"max |T from the row loop - wy.ut_transform| = {max_diff(T_c, wy.ut_transform(k_c, b_c)):.1e}")
+print(f"max |T from the row loop - wy.ut_transform| = "
+      f"{max_diff(T_c, wy.ut_transform(k_c, b_c)):.1e}")
 
 # %% [markdown]
 # ($-A_i - \sum_j A_{ij} N_j$ is computed as $r + \sum_j r_j N_j$ with $r = -A_i$: the signs cancel.) The
@@ -366,9 +386,14 @@ bc = beta.unflatten(2, (-1, C)).flatten(0, 1)[..., None]  # [B·H, N, C, 1]
 Wc, Uc = delta_rule._wy_stage(Kc, Vc, bc)
 S_start = S0.flatten(0, 1)  # [B·H, Dk, Dv]
 whole = delta_rule._state_pass(Wc, Uc, Kc.mT, S_start)  # every S_c, every U'_c, S_N
-blocks = [delta_rule._state_pass(Wc, Uc[..., j:j + 8], Kc.mT, S_start[..., j:j + 8]) for j in range(0, Dv, 8)]
-for name, full, parts in zip(("states S_c", "deltas U'_c", "final state"), whole, zip(*blocks)):
-    print(f"{name:>12s}: max |blocks side by side - whole| = {max_diff(torch.cat(parts, dim=-1), full):.1e}")
+# columns j, ..., j + 7 of the state, one block at a time
+blocks = [delta_rule._state_pass(Wc, Uc[..., j:j + 8], Kc.mT, S_start[..., j:j + 8])
+          for j in range(0, Dv, 8)]
+names = ("states S_c", "deltas U'_c", "final state")
+for name, full, parts in zip(names, whole, zip(*blocks)):
+    side_by_side = torch.cat(parts, dim=-1)
+    print(f"{name:>12s}: max |blocks side by side - whole| = "
+          f"{max_diff(side_by_side, full):.1e}")
 
 # %% [markdown]
 # The grid is therefore (value blocks, heads). A program loads its columns of $S_0$ (or starts
@@ -421,9 +446,11 @@ show_part(kd._forward, "# stage 1: W, U", "o = o.to(out_dtype)")
 for C_, D_ in ((64, 128), (16, 32)):
     print(f"launch_config(C={C_}, Dk=Dv={D_}):", kd.launch_config(C_, D_, D_))
 cfg = kd.launch_config(64, 128, 128)["state"]
-print(f"state pass at C = 64, D = 128: {-(-128 // cfg['BV'])} programs per head, each a [{cfg['BK']}, {cfg['BV']}] "
-      f"float32 state tile over {cfg['num_warps']} warps = {cfg['BK'] * cfg['BV'] // (cfg['num_warps'] * 32)} "
-      "registers per thread")
+n_programs = -(-128 // cfg["BV"])  # per head
+per_thread = cfg["BK"] * cfg["BV"] // (cfg["num_warps"] * 32)  # float32 registers
+print(f"state pass at C = 64, D = 128: {n_programs} programs per head, "
+      f"each a [{cfg['BK']}, {cfg['BV']}] float32 state tile "
+      f"over {cfg['num_warps']} warps = {per_thread} registers per thread")
 
 # %% [markdown]
 # At $C = 64$, $D = 128$ a head's state is carried by several programs (the last line), and the
@@ -478,16 +505,20 @@ tinyk3.notebook.show_source(kd._ChunkedFunction.backward)
 if kernels.AVAILABLE:
     q, k, v, beta, S0 = inputs(1, 2, 37, 16, 16, seed=3)
     g = torch.Generator().manual_seed(3)
-    d_o, d_S = torch.randn(1, 2, 37, 16, generator=g), torch.randn(1, 2, 16, 16, generator=g)  # incoming gradients
+    d_o = torch.randn(1, 2, 37, 16, generator=g)  # incoming gradients
+    d_S = torch.randn(1, 2, 16, 16, generator=g)
     grads = {}
     for name, fn in (("triton", kd.chunked), ("pytorch", delta_rule.chunked)):
         leaves = [x.clone().requires_grad_() for x in (q, k, v, beta, S0)]
         o, S = fn(*leaves[:4], chunk_size=16, initial_state=leaves[4])
         ((o * d_o).sum() + (S * d_S).sum()).backward()
         grads[name] = [x.grad for x in leaves]
-    print("max |grad (Triton forward) - grad (PyTorch)|: " + ", ".join(
-        f"{n} {max_diff(a, b):.1e}" for n, a, b in zip(("q", "k", "v", "beta", "S0"), *grads.values()))
-        + f" (gradients up to {max(x.abs().max().item() for x in grads['pytorch']):.0f})")
+    names = ("q", "k", "v", "beta", "S0")
+    dists = ", ".join(f"{n} {max_diff(a, b):.1e}"
+                      for n, a, b in zip(names, *grads.values()))
+    largest = max(x.abs().max().item() for x in grads["pytorch"])
+    print("max |grad (Triton forward) - grad (PyTorch)|: " + dists
+          + f" (gradients up to {largest:.0f})")
 else:
     print(kernels.REASON)
 
@@ -510,18 +541,23 @@ if kernels.AVAILABLE:
     def chunks(x):  # [B, H, T, D] -> [B, H, N, C, D], zero-padded
         return F.pad(x, (0, 0, 0, pad)).view(B, H, N, C, -1)
 
-    W_ref, U_ref = wy.wy_factors(chunks(k), chunks(v), F.pad(beta, (0, pad)).view(B, H, N, C))
+    beta_c = F.pad(beta, (0, pad)).view(B, H, N, C)
+    W_ref, U_ref = wy.wy_factors(chunks(k), chunks(v), beta_c)
     S_all, U_new, S_N = delta_rule._state_pass(W_ref.flatten(0, 1), U_ref.flatten(0, 1),
-                                               chunks(k).flatten(0, 1).mT, S0.flatten(0, 1))
+                                               chunks(k).flatten(0, 1).mT,
+                                               S0.flatten(0, 1))
     o_ref, S_ref = delta_rule.chunked(q, k, v, beta, chunk_size=C, initial_state=S0)
     print({name: tuple(x.shape) for name, x in st.items()})
     print(f"stage 1: max |W - T K| = {max_diff(chunks(st['w']), W_ref):.1e}, "
           f"max |U - T V| = {max_diff(chunks(st['u']), U_ref):.1e}")
-    print(f"stage 2: max |S_c - state pass| = {max_diff(st['states'].flatten(0, 1), S_all):.1e}, "
-          f"max |U' - state pass| = {max_diff(chunks(st['u_new']).flatten(0, 1), U_new):.1e}, "
+    d_states = max_diff(st["states"].flatten(0, 1), S_all)
+    d_u_new = max_diff(chunks(st["u_new"]).flatten(0, 1), U_new)
+    print(f"stage 2: max |S_c - state pass| = {d_states:.1e}, "
+          f"max |U' - state pass| = {d_u_new:.1e}, "
           f"max |S_N| diff = {max_diff(st['S'].flatten(0, 1), S_N):.1e}")
     print(f"stage 3: max |o - delta_rule.chunked| = {max_diff(st['o'], o_ref):.1e} "
-          f"(outputs up to {o_ref.abs().max():.1f}), final state {max_diff(st['S'], S_ref):.1e}")
+          f"(outputs up to {o_ref.abs().max():.1f}), "
+          f"final state {max_diff(st['S'], S_ref):.1e}")
 else:
     print(kernels.REASON)
 
@@ -534,22 +570,29 @@ else:
 # %%
 if kernels.AVAILABLE:
     t0 = time.perf_counter()
-    print(f"{'C':>3s} {'T':>4s} {'S_0':>6s} {'output':>8s} {'|o - fp32|':>11s} {'|S - fp32|':>11s} "
-          f"{'|o - fp64|':>11s} {'|S - fp64|':>11s}")
+    print(f"{'C':>3s} {'T':>4s} {'S_0':>6s} {'output':>8s} {'|o - fp32|':>11s} "
+          f"{'|S - fp32|':>11s} {'|o - fp64|':>11s} {'|S - fp64|':>11s}")
     worst = 0.0
     for C in SWEEP_CS:
         for T in (2 * C, 2 * C + 5):
             q, k, v, beta, S0 = inputs(1, 2, T, 32, 32, seed=C + T)
+            q64, k64, v64, beta64 = (x.double() for x in (q, k, v, beta))
             for init in (None, S0):
-                o32, S32 = delta_rule.chunked(q, k, v, beta, chunk_size=C, initial_state=init)
-                o64, S64 = delta_rule.chunked(*(x.double() for x in (q, k, v, beta)), chunk_size=C,
-                                              initial_state=None if init is None else init.double())
+                init64 = None if init is None else init.double()
+                o32, S32 = delta_rule.chunked(q, k, v, beta, chunk_size=C,
+                                              initial_state=init)
+                o64, S64 = delta_rule.chunked(q64, k64, v64, beta64, chunk_size=C,
+                                              initial_state=init64)
                 for fuse in (False, True):
-                    o, S = kd.chunked(q, k, v, beta, chunk_size=C, initial_state=init, fuse_output=fuse)
-                    errs = (max_diff(o, o32), max_diff(S, S32), max_diff(o, o64), max_diff(S, S64))
+                    o, S = kd.chunked(q, k, v, beta, chunk_size=C, initial_state=init,
+                                      fuse_output=fuse)
+                    errs = (max_diff(o, o32), max_diff(S, S32),
+                            max_diff(o, o64), max_diff(S, S64))
                     worst = max(worst, *errs)
-                    print(f"{C:3d} {T:4d} {'random' if init is not None else 'zero':>6s} "
-                          f"{'fused' if fuse else 'separate':>8s} " + " ".join(f"{e:11.1e}" for e in errs))
+                    init_name = "random" if init is not None else "zero"
+                    pass_name = "fused" if fuse else "separate"
+                    print(f"{C:3d} {T:4d} {init_name:>6s} {pass_name:>8s} "
+                          + " ".join(f"{e:11.1e}" for e in errs))
     print(f"largest distance {worst:.1e} ({time.perf_counter() - t0:.0f} s)")
 else:
     print(kernels.REASON)
@@ -573,7 +616,8 @@ if kernels.AVAILABLE:
     t0 = time.perf_counter()
     o_p, S_p = delta_rule.chunked(q, k, v, beta, chunk_size=64, initial_state=S0)
     t_torch = time.perf_counter() - t0
-    print(f"T = {T_INTERP}, 4 heads of 64: interpreter {t_interp:.2f} s, PyTorch chunked {t_torch * 1e3:.1f} ms "
+    print(f"T = {T_INTERP}, 4 heads of 64: interpreter {t_interp:.2f} s, "
+          f"PyTorch chunked {t_torch * 1e3:.1f} ms "
           f"({t_interp / t_torch:.0f}x); max |o| diff {max_diff(o_k, o_p):.1e}")
 else:
     print(kernels.REASON)
@@ -582,11 +626,13 @@ else:
 # ## On a GPU: the compiled kernel
 #
 # On CUDA tensors the same call compiles the kernels (`triton.jit`) and runs them on the GPU. The
-# next cell runs only where a CUDA GPU is present (on Colab: *Runtime → Change runtime type → T4
-# GPU*). It checks the compiled kernel against the PyTorch form in float64 (float32 inputs,
-# `input_precision="ieee"`), then times the forward pass with half-precision inputs (bfloat16 on
-# GPUs of compute capability 8.0 and later, float16 on older ones such as the T4) for the Triton
-# kernel (tensor cores, tf32), the PyTorch chunked form (`delta_rule.chunked`) and causal softmax
+# next cell runs only where a CUDA GPU is present (on Colab: *Runtime → Change runtime type*, an
+# L4 or A100 GPU for the kernels as they are designed; the free T4 is outside Triton's supported
+# range, see {ref}`which-gpu` below). It checks the compiled kernel against the PyTorch form in
+# float64 (float32 inputs, `input_precision="ieee"`), then times the forward pass with
+# half-precision inputs (bfloat16 on GPUs of compute capability 8.0 and later, float16 on older
+# ones such as the T4) for the Triton kernel (tensor cores, tf32, where the GPU has them), the
+# PyTorch chunked form (`delta_rule.chunked`) and causal softmax
 # attention (`F.scaled_dot_product_attention`) on the same $q, k, v$, using `triton.testing.do_bench`.
 # No GPU number appears in this text: none was measured for it. `python tools/gpu_check_kernels.py`
 # in a checkout of the repository is the full check (more shapes and precisions, gradients, fla if
@@ -596,23 +642,30 @@ else:
 if not kernels.AVAILABLE:
     print(kernels.REASON)
 elif not GPU:
-    print("No CUDA GPU here: the compiled kernels were not run and nothing was timed. On a GPU machine "
-          "this cell checks and times them; `python tools/gpu_check_kernels.py` runs the full check.")
+    print("No CUDA GPU here: the compiled kernels were not run and nothing was timed. "
+          "On a GPU machine this cell checks and times them; "
+          "`python tools/gpu_check_kernels.py` runs the full check.")
 else:
     dev = torch.device("cuda")
-    half = torch.bfloat16 if torch.cuda.get_device_capability() >= (8, 0) else torch.float16
+    bf16_ok = torch.cuda.get_device_capability() >= (8, 0)  # compute capability 8.0 on
+    half = torch.bfloat16 if bf16_ok else torch.float16
     B, H, T, D = (1, 2, 512, 64) if SMOKE else (4, 16, 4096, 128)
     q, k, v, beta, S0 = (x.to(dev) for x in inputs(B, H, T, D, D, seed=6))
-    o, S = kd.chunked(q, k, v, beta, chunk_size=64, initial_state=S0, input_precision="ieee")
+    o, S = kd.chunked(q, k, v, beta, chunk_size=64, initial_state=S0,
+                      input_precision="ieee")
     o64, S64 = delta_rule.chunked(*(x.double() for x in (q, k, v, beta)), chunk_size=64,
                                   initial_state=S0.double())
-    print(f"{torch.cuda.get_device_name()}, B={B}, H={H}, T={T}, D={D}: compiled kernel (float32, ieee) "
-          f"against PyTorch float64: max |o| diff {max_diff(o, o64):.1e}, max |S| diff {max_diff(S, S64):.1e}")
+    print(f"{torch.cuda.get_device_name()}, B={B}, H={H}, T={T}, D={D}: "
+          f"compiled kernel (float32, ieee) against PyTorch float64: "
+          f"max |o| diff {max_diff(o, o64):.1e}, max |S| diff {max_diff(S, S64):.1e}")
     qh, kh, vh, bh = (x.to(half) for x in (q, k, v, beta))
     forms = {
-        "Triton kernel (tf32)": lambda: kd.chunked(qh, kh, vh, bh, chunk_size=64),
-        "PyTorch chunked form": lambda: delta_rule.chunked(qh, kh, vh, bh, chunk_size=64),
-        "softmax attention (SDPA, causal)": lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=True),
+        "Triton kernel (tf32)":
+            lambda: kd.chunked(qh, kh, vh, bh, chunk_size=64),
+        "PyTorch chunked form":
+            lambda: delta_rule.chunked(qh, kh, vh, bh, chunk_size=64),
+        "softmax attention (SDPA, causal)":
+            lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=True),
     }
     with torch.no_grad():
         ms = {name: triton.testing.do_bench(fn) for name, fn in forms.items()}
@@ -637,7 +690,8 @@ if not kernels.AVAILABLE or reason:
     print(reason or kernels.REASON)
 else:
     t0 = time.perf_counter()
-    compiled = kd.compile_for_gpu(90, chunk_size=64 if not SMOKE else 16, Dk=COMPILE_D, Dv=COMPILE_D,
+    compiled = kd.compile_for_gpu(90, chunk_size=64 if not SMOKE else 16,
+                                  Dk=COMPILE_D, Dv=COMPILE_D,
                                   dtype=torch.bfloat16, input_precision="tf32")
     print(f"compiled {list(compiled)} for sm_90 in {time.perf_counter() - t0:.1f} s")
     state = compiled["_state_kernel"]
@@ -647,18 +701,22 @@ else:
         line = re.sub(r"\s*loc\(#loc\d*\)\s*$", "", line.strip())
         return line if len(line) <= width else line[:width] + " …"
 
-    print("\nTriton IR (ttir) of the state pass: the loop over chunks and its two tl.dot")
+    print("\nTriton IR (ttir) of the state pass: "
+          "the loop over chunks and its two tl.dot")
     for line in state.asm["ttir"].splitlines():
         if "scf.for" in line or "tt.dot" in line:
             print("   ", strip(line))
     print("\nTritonGPU IR (ttgir): the same loop after layout assignment")
     for line in state.asm["ttgir"].splitlines():
-        if "scf.for" in line or ("warp_group_dot " in line or "tt.dot " in line) or "local_alloc %b_S" in line:
+        is_dot = "warp_group_dot " in line or "tt.dot " in line
+        if "scf.for" in line or is_dot or "local_alloc %b_S" in line:
             print("   ", strip(line))
     ptx = state.asm["ptx"]
-    mma = [strip(line) for line in ptx.splitlines() if "mma_async" in line or "mma.sync" in line]
+    mma = [strip(line) for line in ptx.splitlines()
+           if "mma_async" in line or "mma.sync" in line]
     target = re.search(r"[.]target (\S+)", ptx).group(1)
-    print(f"\nPTX: {len(ptx.splitlines())} lines for target {target}, {len(mma)} tensor-core instructions, e.g.")
+    print(f"\nPTX: {len(ptx.splitlines())} lines for target {target}, "
+          f"{len(mma)} tensor-core instructions, e.g.")
     for line in mma[:2]:
         print("   ", line)
     print("\nshared memory per program (bytes, from the metadata):",
@@ -690,14 +748,16 @@ MAX_REGISTERS = 255  # per thread, the architectural limit of NVIDIA GPUs
 
 
 def ptxas_report(ptx):
-    """Registers per thread and spill-store bytes, from ptxas -v (the one shipped with Triton)."""
+    """Registers per thread and spill-store bytes, from ptxas -v
+    (the one shipped with Triton)."""
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     arch = re.search(r"[.]target (\S+)", ptx).group(1)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.ptx"
         src.write_text(ptx)
-        out = subprocess.run([str(ptxas), "-v", f"--gpu-name={arch}", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                             capture_output=True, text=True, check=True)
+        cmd = [str(ptxas), "-v", f"--gpu-name={arch}", str(src),
+               "-o", str(Path(tmp) / "k.cubin")]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     report = out.stdout + out.stderr
     regs = int(re.search(r"Used (\d+) registers", report).group(1))
     spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
@@ -708,8 +768,58 @@ if not kernels.AVAILABLE or reason:
     print(reason or kernels.REASON)
 else:
     regs, spills, report = ptxas_report(state.asm["ptx"])
-    print("\n".join(line for line in report.splitlines() if "registers" in line or "spill" in line))
+    print("\n".join(line for line in report.splitlines()
+                    if "registers" in line or "spill" in line))
     print(f"(an NVIDIA thread can address at most {MAX_REGISTERS} registers)")
+
+# %% [markdown]
+# (which-gpu)=
+# ### Which GPU: a free T4, or an L4 or A100
+#
+# Colab's free GPU is a T4, an NVIDIA GPU of compute capability 7.5 (Turing). Triton states its
+# support as NVIDIA GPUs of compute capability 8.0 and later (A100 is 8.0, L4 8.9, H100 9.0),
+# and a T4's tensor cores take float16 but neither tf32 nor bfloat16. Nothing in this chapter
+# was run on a T4 (or on any GPU). What the compiler does for one can be measured without it:
+# the next cell compiles the state pass for sm_75 (T4), sm_80 (A100) and sm_89 (L4), float16
+# inputs, asking for tf32 products and for exact `"ieee"` ones, and counts in the PTX the
+# tensor-core instructions (`mma`) and the scalar float32 multiply-adds (`fma.rn.f32`).
+
+# %%
+TARGETS = {75: "T4", 80: "A100", 89: "L4"}
+if not kernels.AVAILABLE or reason:
+    print(reason or kernels.REASON)
+else:
+    print(f"{'GPU':>5s} {'arch':>6s} {'asked':>6s} {'mma':>5s} {'fma.f32':>8s}")
+    same_as_ieee = {}
+    for arch, gpu in TARGETS.items():
+        ptx = {}
+        for precision in ("tf32", "ieee"):
+            compiled_arch = kd.compile_for_gpu(
+                arch, chunk_size=16 if SMOKE else 64, Dk=64, Dv=64,
+                dtype=torch.float16, input_precision=precision)
+            ptx[precision] = compiled_arch["_state_kernel"].asm["ptx"]
+            n_mma = len(re.findall(r"\b(?:mma\.sync|wgmma)\.\S+", ptx[precision]))
+            n_fma = ptx[precision].count("fma.rn.f32")
+            target = f"sm_{arch}"
+            print(f"{gpu:>5s} {target:>6s} {precision:>6s} {n_mma:5d} {n_fma:8d}")
+        same_as_ieee[gpu] = ptx["tf32"] == ptx["ieee"]
+    for gpu, same in same_as_ieee.items():
+        verdict = ("the same PTX as ieee: no tensor cores" if same
+                   else "tensor-core code, unlike ieee")
+        print(f"{gpu}: tf32 asked, {verdict}")
+
+# %% [markdown]
+# In the run shown here the sm_75 build asked for tf32 comes out as the same PTX as the exact
+# one: every tile product becomes scalar float32 multiply-adds on the T4's CUDA cores, while
+# sm_80 and sm_89 get tensor-core `mma` instructions. So, on Colab:
+#
+# - **the free T4** runs every PyTorch form of the course on its GPU (float32 or float16). The
+#   Triton kernels compile for it and the GPU cell above runs them there with float16 inputs,
+#   but outside Triton's supported range and without tensor cores for their products: use it to
+#   check the compiled kernels, not to judge their speed;
+# - **an L4 or A100 runtime** (compute capability 8.9 or 8.0, tf32 and bfloat16 tensor cores)
+#   runs the kernels as designed, and the GPU cell's and `tools/gpu_check_kernels.py`'s timings
+#   mean what they say there.
 
 # %% [markdown]
 # ## Experiment: what each stage needs, against the chunk size
@@ -730,73 +840,104 @@ else:
 
 # %%
 def stage_traffic(C, Dk, Dv, BV, in_bytes=2, f32=4):
-    """(flops, bytes) per chunk and head of each Triton stage, counted from the kernels."""
+    """(flops, bytes) per chunk and head of each stage, counted from the kernels."""
     nV = -(-Dv // BV)  # value blocks: each re-reads what it needs of W, K, Q
-    wy_ = (2 * C * C * Dk + 3 * C**3 + 2 * C * C * Dk + 2 * C * C * Dv,  # KKᵀ, substitution, TK, TV
-           2 * C * Dk * in_bytes + C * Dv * in_bytes + C * in_bytes + C * (Dk + Dv) * f32)
-    state = (2 * 2 * C * Dk * Dv,  # W_c S_c and K_cᵀ U'_c
-             nV * C * Dk * (f32 + in_bytes) + C * Dv * f32 + Dk * Dv * f32 + C * Dv * f32)
-    output = (2 * C * Dk * Dv + nV * 2 * C * C * Dk + 2 * C * C * Dv,  # Q S, Q Kᵀ (per block), (QKᵀ⊙M) U'
-              nV * 2 * C * Dk * in_bytes + Dk * Dv * f32 + C * Dv * f32 + C * Dv * in_bytes)
+    # flops: KKᵀ, substitution, TK, TV
+    wy_ = (2 * C * C * Dk + 3 * C**3 + 2 * C * C * Dk + 2 * C * C * Dv,
+           2 * C * Dk * in_bytes + C * Dv * in_bytes + C * in_bytes
+           + C * (Dk + Dv) * f32)
+    # flops: W_c S_c and K_cᵀ U'_c
+    state = (2 * 2 * C * Dk * Dv,
+             nV * C * Dk * (f32 + in_bytes) + C * Dv * f32 + Dk * Dv * f32
+             + C * Dv * f32)
+    # flops: Q S, Q Kᵀ (per block), (QKᵀ⊙M) U'
+    output = (2 * C * Dk * Dv + nV * 2 * C * C * Dk + 2 * C * C * Dv,
+              nV * 2 * C * Dk * in_bytes + Dk * Dv * f32 + C * Dv * f32
+              + C * Dv * in_bytes)
     return {"_wy_kernel": wy_, "_state_kernel": state, "_output_kernel": output}
 
 
-resources = {}  # (precision, C) -> {stage: (registers, spill bytes, shared bytes)}
+def count_mma(ptx):
+    """The tensor-core (mma) instructions in a PTX listing."""
+    return sum("mma_async" in line or "mma.sync" in line for line in ptx.splitlines())
+
+
+# launch_config's name for each kernel
+CONFIG_KEYS = {"_wy_kernel": "wy", "_state_kernel": "state", "_output_kernel": "output"}
+# (precision, C) -> {stage: (registers, spill bytes, shared bytes, mma instructions)}
+resources = {}
 if not kernels.AVAILABLE or reason:
     print(reason or kernels.REASON)
 else:
     t0 = time.perf_counter()
     for prec in PRECISIONS:
         for C in COMPILE_CS:
-            out = kd.compile_for_gpu(90, chunk_size=C, Dk=COMPILE_D, Dv=COMPILE_D, dtype=torch.bfloat16,
-                                     input_precision=prec)
-            resources[prec, C] = {name: (*ptxas_report(c.asm["ptx"])[:2], c.metadata.shared,
-                                         sum("mma_async" in x or "mma.sync" in x for x in c.asm["ptx"].splitlines()))
-                                  for name, c in out.items()}
-    print(f"compiled and assembled {3 * len(resources)} kernels in {time.perf_counter() - t0:.0f} s; "
+            out = kd.compile_for_gpu(90, chunk_size=C, Dk=COMPILE_D, Dv=COMPILE_D,
+                                     dtype=torch.bfloat16, input_precision=prec)
+            resources[prec, C] = {}
+            for name, c in out.items():
+                n_regs, n_spill, _ = ptxas_report(c.asm["ptx"])
+                resources[prec, C][name] = (n_regs, n_spill, c.metadata.shared,
+                                            count_mma(c.asm["ptx"]))
+    print(f"compiled and assembled {3 * len(resources)} kernels "
+          f"in {time.perf_counter() - t0:.0f} s; "
           f"sm_90, Dk = Dv = {COMPILE_D}, bf16 inputs")
-    print(f"{'precision':>9s} {'C':>3s} {'stage':>15s} {'warps':>5s} {'registers':>9s} {'spill B':>8s} "
-          f"{'shared KB':>9s} {'mma instr.':>10s}")
+    print(f"{'precision':>9s} {'C':>3s} {'stage':>15s} {'warps':>5s} {'registers':>9s} "
+          f"{'spill B':>8s} {'shared KB':>9s} {'mma instr.':>10s}")
     for (prec, C), stages in resources.items():
         cfg = kd.launch_config(C, COMPILE_D, COMPILE_D)
         for name, (r, s, sh, n_mma) in stages.items():
-            warps = cfg[{"_wy_kernel": "wy", "_state_kernel": "state", "_output_kernel": "output"}[name]]["num_warps"]
-            print(f"{prec:>9s} {C:3d} {name:>15s} {warps:5d} {r:9d} {s:8d} {sh / 1024:9.0f} {n_mma:10d}")
+            warps = cfg[CONFIG_KEYS[name]]["num_warps"]
+            print(f"{prec:>9s} {C:3d} {name:>15s} {warps:5d} {r:9d} {s:8d} "
+                  f"{sh / 1024:9.0f} {n_mma:10d}")
 
 print(f"\narithmetic intensity (flops per byte), Dk = Dv = {COMPILE_D}:")
 intensity = {}
 for C in (16, 32, 64):
-    BV = kd.launch_config(C, COMPILE_D, COMPILE_D)["state"]["BV"] if kernels.AVAILABLE else 32
-    intensity[C] = {name: fl / by for name, (fl, by) in stage_traffic(C, COMPILE_D, COMPILE_D, BV).items()}
-    print(f"  C = {C:2d}: " + ", ".join(f"{name} {x:5.1f}" for name, x in intensity[C].items()))
+    if kernels.AVAILABLE:
+        BV = kd.launch_config(C, COMPILE_D, COMPILE_D)["state"]["BV"]
+    else:
+        BV = 32
+    traffic = stage_traffic(C, COMPILE_D, COMPILE_D, BV)
+    intensity[C] = {name: fl / by for name, (fl, by) in traffic.items()}
+    print(f"  C = {C:2d}: "
+          + ", ".join(f"{name} {x:5.1f}" for name, x in intensity[C].items()))
 
-# %%
+# %% mystnb={"figure": {"caption": "What each of the three Triton stages needs when compiled for sm_90 at $D_k = D_v = 128$ with bfloat16 inputs, against the chunk size $C$: registers per thread, spilled bytes and shared memory per program as the compiler reports them, with tf32 (solid) and exact ieee (dashed) products, and the arithmetic intensity counted from the kernels' loads, stores and products.", "name": "fig-kernel-stage-resources"}, "image": {"alt": "Four line plots in a two-by-two grid against chunk size 16, 32 and 64, one colour per stage (wy, state, output), solid lines with circles for tf32 products and dashed lines with squares for ieee products. Registers per thread: the state pass rises to the dotted 255-register limit at C = 64 with tf32. Spill stores: zero with tf32; with ieee the state pass spills hundreds to thousands of bytes and the wy stage spills at C = 64. Shared memory grows with C for every stage, most for the state pass. Arithmetic intensity: the wy and output stages grow from under 10 to about 30 flops per byte, the state pass only to about 13."}}
 stage_names = ["_wy_kernel", "_state_kernel", "_output_kernel"]
-fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
-for name, color in zip(stage_names, ("C0", "C1", "C2")):
+colors = ("C0", "C1", "C2")
+fig, axes = plt.subplots(2, 2, figsize=(6.7, 6.6), layout="constrained")
+axes = axes.flatten()
+for name, color in zip(stage_names, colors):
     for prec, ls in (("tf32", "o-"), ("ieee", "s--")):
         Cs = [C for (p, C) in resources if p == prec]
         if not Cs:
             continue
         vals = [resources[prec, C][name] for C in Cs]
-        label = f"{name.strip('_').replace('_kernel', '')} {prec}"
-        axes[0].plot(Cs, [x[0] for x in vals], ls, color=color, label=label)
-        axes[1].plot(Cs, [x[1] for x in vals], ls, color=color, label=label)
-        axes[2].plot(Cs, [x[2] / 1024 for x in vals], ls, color=color, label=label)
-    axes[3].plot(list(intensity), [intensity[C][name] for C in intensity], "o-", color=color,
-                 label=name.strip("_").replace("_kernel", ""))
-axes[0].axhline(MAX_REGISTERS, color="k", ls=":", lw=1, label=f"limit: {MAX_REGISTERS}")
-titles = ("registers per thread (ptxas)", "spill stores (bytes, ptxas)", "shared memory per program (KB)",
-          "arithmetic intensity (flops / byte)")
+        axes[0].plot(Cs, [x[0] for x in vals], ls, color=color)
+        axes[1].plot(Cs, [x[1] for x in vals], ls, color=color)
+        axes[2].plot(Cs, [x[2] / 1024 for x in vals], ls, color=color)
+    axes[3].plot(list(intensity), [intensity[C][name] for C in intensity], "o-",
+                 color=color)
+axes[0].axhline(MAX_REGISTERS, color="k", ls=":", lw=1)
+titles = ("registers per thread (ptxas)", "spill stores (bytes, ptxas)",
+          "shared memory per program (KB)", "arithmetic intensity (flops / byte)")
 for ax, title in zip(axes, titles):
-    ax.set(xscale="log", xlabel="chunk size C", title=title)
+    ax.set_title(title, fontsize=10)
+    ax.set(xlabel="chunk size C")
     ax.set_xscale("log", base=2)
     ax.set_xticks([16, 32, 64], ["16", "32", "64"])
-handles, labels = axes[0].get_legend_handles_labels()
-axes[1].legend(handles, labels, fontsize=7, loc="center right")
-axes[3].legend(fontsize=7)
-fig.suptitle(f"The three stages compiled for sm_90, Dk = Dv = {COMPILE_D}, bf16 inputs")
-plt.tight_layout()
+# one legend below the panels: colour = stage, line style = precision of the products
+by_stage = [Line2D([], [], color=color, label=name.strip("_").replace("_kernel", ""))
+            for name, color in zip(stage_names, colors)]
+by_style = [Line2D([], [], color="k", marker="o", ls="-", label="tf32 products"),
+            Line2D([], [], color="k", marker="s", ls="--", label="ieee products"),
+            Line2D([], [], color="k", ls=":", lw=1,
+                   label=f"limit: {MAX_REGISTERS} registers")]
+key = [h for pair in zip(by_stage, by_style) for h in pair]  # columns fill first
+fig.legend(handles=key, loc="outside lower center", ncol=3, fontsize=8)
+fig.suptitle(f"The three stages compiled for sm_90, Dk = Dv = {COMPILE_D}, bf16 inputs",
+             fontsize=11)
 plt.show()
 
 # %% [markdown]
@@ -864,7 +1005,8 @@ ok = checks.run("kernel.tile_offsets", tile_offsets_mine)
 def tile_offsets_solution(i_bh, i_c, T, D, C, BD):
     o_t = i_c * C + torch.arange(C)  # tokens of the chunk                         [C]
     o_d = torch.arange(BD)  # columns, padded                                      [BD]
-    offsets = i_bh * T * D + o_t[:, None] * D + o_d[None, :]  # head, row, column strides   [C, BD]
+    # head, row and column strides   [C, BD]
+    offsets = i_bh * T * D + o_t[:, None] * D + o_d[None, :]
     mask = (o_t[:, None] < T) & (o_d[None, :] < D)
     return offsets, mask
 
@@ -880,11 +1022,14 @@ ok = checks.run("kernel.tile_offsets", tile_offsets_solution)
 # chunk 2 of $C = 16$):
 
 # %%
-x = torch.arange(2 * 37 * 4, dtype=torch.float32).view(2, 37, 4)  # [B·H, T, D]: each entry its own offset
+# [B·H, T, D]: each entry its own offset
+x = torch.arange(2 * 37 * 4, dtype=torch.float32).view(2, 37, 4)
 offsets, mask = tile_offsets_solution(0, 2, 37, 4, 16, 4)
-tile = torch.where(mask, x.flatten()[offsets.clamp(max=x.numel() - 1)], 0.0)  # tl.load(..., mask, other=0)
+# tl.load(..., mask, other=0)
+tile = torch.where(mask, x.flatten()[offsets.clamp(max=x.numel() - 1)], 0.0)
 unmasked = x.flatten()[offsets]  # no mask: every address is read
-print(f"masked load equals x[0, 32:37] zero-padded: {max_diff(tile[:5], x[0, 32:37]):.1e} and "
+print(f"masked load equals x[0, 32:37] zero-padded: "
+      f"{max_diff(tile[:5], x[0, 32:37]):.1e} and "
       f"{tile[5:].abs().max():.0f} after; without the mask rows 5.. hold x[1, 0:11]: "
       f"{max_diff(unmasked[5:], x[1, :11]):.1e}")
 
@@ -917,10 +1062,12 @@ ok = checks.run("kernel.state_pass_block", state_pass_block_mine)
 
 # %%
 def state_pass_block_solution(w, u, k, s0, chunk_size, i_v, BV):
-    cols = slice(i_v * BV, min(u.shape[1], i_v * BV + BV))  # this program's columns of S
+    # this program's columns of S
+    cols = slice(i_v * BV, min(u.shape[1], i_v * BV + BV))
     S = s0[:, cols]  # S_0, in "registers"                                   [Dk, n]
     states, deltas = [], []
-    for start in range(0, u.shape[0], chunk_size):  # the sequential loop; the last chunk may be short
+    # the sequential loop; the last chunk may be short
+    for start in range(0, u.shape[0], chunk_size):
         rows = slice(start, start + chunk_size)
         states.append(S)  # store S_c before the update
         du = u[rows, cols] - w[rows] @ S  # U'_c = U_c − W_c S_c                [C, n]
@@ -949,13 +1096,16 @@ if kernels.AVAILABLE:
     worst = 0.0
     for b in range(B):
         for h in range(H):
-            parts = [state_pass_block_solution(st["w"][b, h], st["u"][b, h], k[b, h], S0[b, h], C, i_v, BV)
-                     for i_v in range(-(-Dv // BV))]  # the programs (i_v, head)
+            # the programs (i_v, head)
+            parts = [state_pass_block_solution(st["w"][b, h], st["u"][b, h], k[b, h],
+                                               S0[b, h], C, i_v, BV)
+                     for i_v in range(-(-Dv // BV))]
             states, u_new, S_T = (torch.cat(p, dim=-1) for p in zip(*parts))
-            worst = max(worst, max_diff(states, st["states"][b, h]), max_diff(u_new, st["u_new"][b, h]),
+            worst = max(worst, max_diff(states, st["states"][b, h]),
+                        max_diff(u_new, st["u_new"][b, h]),
                         max_diff(S_T, st["S"][b, h]))
-    print(f"{-(-Dv // BV)} blocks of BV = {BV} columns x {B * H} heads: max distance to the kernel's "
-          f"stored S_c, U' and S_N = {worst:.1e}")
+    print(f"{-(-Dv // BV)} blocks of BV = {BV} columns x {B * H} heads: "
+          f"max distance to the kernel's stored S_c, U' and S_N = {worst:.1e}")
 else:
     print(kernels.REASON)
 
