@@ -11,7 +11,7 @@ Chromium (driven by Playwright; no browser is ever downloaded), and fails a page
 * code or output blocks that scroll sideways: none on a desktop (code is at most 88 columns,
   outputs wrap); on a phone outputs still wrap and only code and wide tables or equations
   scroll, inside their own box with a shadow that shows it (counted per page in
-  _build/screenshots/overflow-<view>.json); none in print;
+  _build/screenshots/<view>/<page>.overflow.json); none in print;
 * on a phone: the chapter menu (☰) and the in-page contents do not open when tapped; the
   title fills more than half of the first screen;
 * on a desktop: ☰ does not collapse the sidebar; a solution that is not folded or does not
@@ -176,7 +176,7 @@ JS_IMAGES = """() => [...document.images].map(i => {
   return {src: (i.currentSrc || i.src).slice(0, 120), ok: i.complete && i.naturalWidth > 0,
           output: !!i.closest('.cell_output') && !i.closest('.widget-subarea'),
           alt: i.getAttribute('alt') || '', caption: cap ? cap.textContent.trim() : '',
-          wanted: parseFloat(i.getAttribute('width')) || 0,
+          wanted: parseFloat(i.style.width) || parseFloat(i.getAttribute('width')) || 0,
           shown: i.getBoundingClientRect().width};
 })"""
 
@@ -282,10 +282,11 @@ def check_overflow(page, view: str, page_file: str, problems: list[str]) -> dict
                             + " | ".join(e for e in info["examples"] if e.startswith(k))[:300])
     for k in info["unmarked"]:
         problems.append(f"a wide {k} scrolls with no shadow showing that it does")
-    record = SHOTS / f"overflow-{view}.json"
-    data = json.loads(record.read_text()) if record.is_file() else {}
-    data[page_file] = {"blocks": info["blocks"], "scrolling": c}
-    record.write_text(json.dumps(data, indent=1, sort_keys=True))
+    # Beside the page's screenshot (one file per test: the browser tests may run in parallel).
+    record = SHOTS / view / f"{page_file.replace('/', '-')}.overflow.json"
+    record.write_text(json.dumps({"page": page_file, "view": view, "blocks": info["blocks"],
+                                  "scrolling_sideways": c, "page_width": info["page"],
+                                  "screen_width": info["screen"]}, indent=1))
     return info
 
 
@@ -314,7 +315,7 @@ def check_figures(images: list[dict], notebook: bool, view: str, problems: list[
         alt = img["alt"].strip()
         if not img["caption"]:
             problems.append(f"figure without a caption (mystnb.figure.caption): alt {alt[:60]!r}")
-        if len(alt.split()) < 3 or re.search(r"\.(png|svg|jpe?g)$|^_images/|/", alt):
+        if len(alt.split()) < 3 or re.search(r"\.(png|svg|jpe?g)$|_images/", alt):
             problems.append(f"figure alt text {alt[:80]!r} does not describe it "
                             "(mystnb.image.alt)")
         if not img["wanted"]:
