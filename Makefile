@@ -126,7 +126,7 @@ colab: env
 # The built site in headless Chromium at desktop and phone widths, and the widgets of the
 # Colab-image run rendered by the ipywidgets 7 HTML manager (needs `make colab` first).
 browser: env vendor
-	$(BIN)/pytest -q -m browser tests
+	$(BIN)/pytest -q $(XDIST) -m browser tests
 
 clean:
 	rm -rf _build _vendor node_modules

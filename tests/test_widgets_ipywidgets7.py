@@ -78,6 +78,7 @@ def served(tmp_path_factory):
         yield root, base, browser
 
 
+@pytest.mark.browser  # runs after `make colab` in `make test` (the browser step)
 def test_every_widget_notebook_was_run_on_the_colab_image():
     if not EXECUTED.is_dir():
         pytest.fail(f"no {EXECUTED.relative_to(REPO)}: run `make colab` first", pytrace=False)

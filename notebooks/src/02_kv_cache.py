@@ -290,7 +290,7 @@ print(f"tinyk3 bottom-right mask:    max error {max_diff(bottom_right, reference
 # every step. Without the cache, step $t$ is a forward pass over $16 + t$ tokens, so its time
 # grows with $t$ and the total grows quadratically. With it, each step is one token through
 # the model plus an attention row that grows with $t$; at this size the row is a small part
-# of the step, so the step time grows only slowly. About 15 seconds at full size, nearly all
+# of the step, so the step time grows only slowly. About 20 seconds at full size, nearly all
 # of it without the cache.
 
 # %%
@@ -317,7 +317,7 @@ speedup = without_cache.sum() / with_cache.sum()
 print(f"{DECODE_TOKENS} tokens: {without_cache.sum():.2f} s without the cache, "
       f"{with_cache.sum():.2f} s with it ({speedup:.1f}x faster)")
 
-# %% mystnb={"figure": {"caption": "Greedy decoding time with and without the KV cache. Without it each step re-reads the whole prefix, so the step time grows linearly and the total quadratically; with it both stay nearly flat.", "name": "fig-kv-decode-time"}, "image": {"alt": "Two line plots against the number of generated tokens. Left: time per step in milliseconds, rising steadily without the cache and flat near the bottom with it. Right: cumulative time in seconds, a curve bending upwards without the cache and a shallow straight line with it"}}
+# %% mystnb={"figure": {"caption": "Greedy decoding time with and without the KV cache. Without it each step re-reads the whole prefix, so the step time grows linearly and the total quadratically, to about 19 s; with it the step time stays nearly flat and the total grows almost linearly, to under 2 s.", "name": "fig-kv-decode-time"}, "image": {"alt": "Two line plots against the number of generated tokens. Left: time per step in milliseconds, rising steadily from about 6 to about 80 without the cache and flat near the bottom, at a few milliseconds, with it. Right: cumulative time in seconds, a curve bending upwards to about 19 without the cache and a shallow straight line to about 2 with it"}}
 steps = torch.arange(1, DECODE_TOKENS + 1)
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.8, 3.2))
 ax1.plot(steps, without_cache * 1e3, label="without cache")
@@ -371,7 +371,7 @@ for n, m, a in zip(lengths, measured, analytic):
 print(f"measured equals formula at every length: {measured == analytic} "
       f"({time.perf_counter() - t0:.0f} s)")
 
-# %% mystnb={"figure": {"caption": "KV cache size of GPT-2 small against context length, by the formula for three batch sizes and as measured: the cache grows linearly with the tokens held and passes the size of the weights (dashed) once batch and context are large enough.", "name": "fig-kv-cache-size"}, "image": {"alt": "Line plot with a logarithmic y axis in MiB against tokens in context from 32 to 1024: three rising curves for batch 1, 8 and 32, black dots on the batch 1 curve for the measured sizes, and a dashed horizontal line at the size of the weights"}}
+# %% mystnb={"figure": {"caption": "KV cache size of GPT-2 small against context length, by the formula for three batch sizes and as measured: the cache grows linearly with the tokens held and passes the size of the weights (dashed) once batch and context are large enough.", "name": "fig-kv-cache-size"}, "image": {"alt": "Line plot with a logarithmic y axis in MiB against tokens in context from 32 to 1024: three rising curves for batch 1, 8 and 32, black dots on the batch 1 curve for the measured sizes, and a dashed horizontal line at the size of the weights, which the batch 32 curve crosses near 200 tokens and the batch 8 curve near 850, while the batch 1 curve stays below it"}}
 batch_sizes = [1, 8, 32]
 fig, ax = plt.subplots()
 xs = torch.arange(32, 1025, 32)

@@ -609,7 +609,7 @@ plt.show()
 # %% [markdown]
 # In the run shown here `taylor2` is by far the closest when the logits are small, and its
 # error grows with $\sigma$ as the second-order series falls behind the exponential. ELU+1 and
-# softplus are no better than the plain running average at any $\sigma$: near zero they are
+# softplus are barely better than the plain running average at any $\sigma$: near zero they are
 # about $1 + x$ and $\log 2 + x/2$, whose dot products are dominated by a constant. ReLU is
 # worse than the average when softmax is nearly uniform (it zeroes about half the features,
 # which makes the weights uneven where they should be even) and a little better at large
@@ -736,7 +736,7 @@ for i, N in enumerate(PREFILL_LENGTHS):
           + " ".join(f"{prefill[name][i] * 1e3:16.1f} ms" for name in prefill))
 print(f"({time.perf_counter() - t0:.0f} s)")
 
-# %% mystnb={"figure": {"caption": "Prefill time of the four forms against the sequence length $N$, log-log. The two quadratic forms climb as $N^2$, the token loop as $N$, so the loop starts far behind and catches up with the fused softmax kernel only at the longest prefills.", "name": "fig-la-prefill-time"}, "image": {"alt": "Log-log line plot of time in milliseconds against prefill length N: softmax with SDPA, linear attention in parallel and cumsum forms, and the token loop; the token loop line is the flattest and crosses the steeper softmax line near the right end"}}
+# %% mystnb={"figure": {"caption": "Prefill time of the four forms against the sequence length $N$, log-log. The two quadratic forms climb as $N^2$, the token loop as $N$, so the loop starts far behind and catches up with the fused softmax kernel only at the longest prefills.", "name": "fig-la-prefill-time"}, "image": {"alt": "Log-log line plot of time in milliseconds against prefill length N: softmax with SDPA, linear attention in parallel and cumsum forms, and the token loop; the cumsum line lies above all others, the token loop line is the flattest and crosses the steeper softmax line between N = 4096 and 8192, so the loop is faster only at the two longest lengths"}}
 Ns = torch.tensor(PREFILL_LENGTHS, dtype=torch.float64)
 fig, ax = plt.subplots()
 for name, secs in prefill.items():
@@ -865,7 +865,7 @@ for D in (32, 64, 128):
 del K, V
 print(f"({time.perf_counter() - t0:.0f} s)")
 
-# %% mystnb={"figure": {"caption": "Time of one decoding step against the position $t$, log-log, at three head sizes $D$ with the layer width fixed. The state step (dashed) costs the same at every position; the KV-cache step (solid) grows linearly in $t$ and overtakes it at a crossover that moves right as $D$ grows.", "name": "fig-la-decode-step"}, "image": {"alt": "Log-log line plot of time per step in microseconds against position t: three flat dashed lines for the state step at D = 32, 64 and 128, and three nearly coinciding solid lines with markers for the KV cache that rise steadily and cross each dashed line"}}
+# %% mystnb={"figure": {"caption": "Time of one decoding step against the position $t$, log-log, at three head sizes $D$ with the layer width fixed. The state step (dashed) costs the same at every position; the KV-cache step (solid) grows with $t$, about linearly once past its fixed cost, and overtakes it between $t = 45$ and $t = 256$. The crossover is latest at $D = 64$, not at $D = 128$: in this run it does not move steadily with $D$.", "name": "fig-la-decode-step"}, "image": {"alt": "Log-log line plot of time per step in microseconds against position t: three flat dashed lines for the state step, highest for D = 64 near 350, then D = 128 near 250 and D = 32 near 180, and three solid lines with markers for the KV cache that start near 100, rise to about 33,000 to 41,000 at the last position and cross their dashed lines between t = 45 and t = 256, the D = 128 solid line above the other two in between"}}
 fig, ax = plt.subplots(figsize=(6.8, 4))
 for (D, (kv, st)), color in zip(decode.items(), ("C0", "C1", "C2")):
     ax.plot(positions, kv * 1e6, "o-", color=color, ms=3,
@@ -904,12 +904,15 @@ print(f"the cache of the layer at t = {positions[-1]}: {cache_mib:.0f} MiB (floa
 
 # %% [markdown]
 # In the run shown here the state step takes the same time at every position (the flat
-# dashed lines), and the KV step grows linearly with $t$ once past its fixed cost. The
-# crossover moves right as $D$ grows, as the work count predicts: at a fixed width $C$ the
+# dashed lines), and the KV step grows about linearly with $t$ once past its fixed cost. The
+# work count predicts that the crossover moves right as $D$ grows: at a fixed width $C$ the
 # state step's work is proportional to $H D^2 = C D$, so larger heads make it dearer, while the
-# KV step's, proportional to $t\,C$, does not depend on $D$. The measured crossover is within a
-# small factor of $D$ (the `t / D` column) rather than at $t = D$ exactly, because each step
-# also pays a fixed cost for launching its few operations.
+# KV step's, proportional to $t\,C$, does not depend on $D$. The measurements follow that only
+# in part: the crossover (the "KV slower from t" column) moves from $t = 45$ at $D = 32$ to
+# $t = 256$ at $D = 64$, but comes back to $t = 91$ at $D = 128$, whose state step is faster than
+# at $D = 64$ and whose KV step is the slowest of the three. The measured crossover is within a
+# small factor of $D$ (the `t / D` column, 0.7 to 4) rather than at $t = D$ exactly, because
+# each step also pays a fixed cost for launching its few operations.
 #
 # At long contexts the KV step's time is set by reading the cache, which holds hundreds of
 # megabytes here; the last two columns give the rate at which it reads it, in gigabytes per

@@ -548,7 +548,7 @@ for D in DIMS:
             overwrite["orthonormal", D, N] = point
 print(f"{len(overwrite)} points in {time.perf_counter() - t0:.1f} s")
 
-# %% mystnb={"figure": {"caption": "Overwriting $N$ pairs with new values, additive memory (solid) against the delta rule with $\\beta = 1$ (dashed), random unit keys. Top: error against the new values (crosses and pluses: orthonormal keys). Bottom left: how often the read is closer to the new value than to the old. Bottom right: the coefficients of the new and the old value in the read; the delta rule's coefficient of the new value follows $(1 - e^{-N/D})/(N/D)$.", "name": "fig-deltanet-overwrite"}, "image": {"alt": "Three line plots against the load N over D from 1/8 to 4, one colour per memory size. Top: the additive error rises from about 1 to 3 and the delta rule's from about 0.3 to 1.2, with orthonormal-key markers at 1 and at 0. Bottom left: the additive memory stays at one half while the delta rule starts near 1 and falls towards 0.75. Bottom right: the additive coefficients stay near 1, the delta rule's new-value coefficient falls along a black curve to about 0.25 and its old-value coefficient stays near 0"}}
+# %% mystnb={"figure": {"caption": "Overwriting $N$ pairs with new values, additive memory (solid) against the delta rule with $\\beta = 1$ (dashed), random unit keys. Top: error against the new values (crosses and pluses: orthonormal keys). Bottom left: how often the read is closer to the new value than to the old. Bottom right: the coefficients of the new and the old value in the read; the delta rule's coefficient of the new value follows $(1 - e^{-N/D})/(N/D)$.", "name": "fig-deltanet-overwrite"}, "image": {"alt": "Three line plots against the load N over D from 1/8 to 4, one colour per memory size. Top: the additive error rises from about 1 to 3 and the delta rule's from about 0.3 to 1.2, with orthonormal-key markers at 1 and at 0. Bottom left: the additive memory stays at one half while the delta rule starts near 1 and falls to between 0.7 and 0.8 at load 4. Bottom right: the additive coefficients stay near 1, the delta rule's new-value coefficient falls along a black curve to about 0.25 and its old-value coefficient stays at or below about 0.1"}}
 colors = dict(zip(DIMS, plt.cm.viridis(torch.linspace(0, 0.85, len(DIMS)).tolist())))
 fig, axes = plt.subplot_mosaic([["error", "error"], ["newer", "coefficients"]],
                                figsize=(6.8, 6.8))
@@ -616,7 +616,7 @@ print(f"orthonormal keys, every D and N ≤ D: delta rule's largest error {worst
 #
 # - **The additive memory returns a mix.** Its coefficients are $a \approx b \approx 1$ at every
 #   load: each key reads the old and the new value in equal parts, so whether the read is closer
-#   to the new value is a coin flip (about one half, middle panel). Its error against the new
+#   to the new value is a coin flip (about one half, lower left panel). Its error against the new
 #   values is about 1 even with orthonormal keys (last line of the output: there the error *is*
 #   the old value), and grows with the crosstalk for random keys.
 # - **The delta rule replaces.** With orthonormal keys the new values come back exactly (the
@@ -792,21 +792,21 @@ for P in sorted({PAIRS_TRAIN, max(EVAL_PAIRS)}):
 # %% [markdown]
 # What the run shows (single runs, one seed each):
 #
-# - **Softmax attention recalls everything.** It learns first (left panel) and is perfect at
+# - **Softmax attention recalls everything.** It learns first (top panel) and is perfect at
 #   every pair count, up to four times more pairs than it was trained on. Its state is the KV
 #   cache, which grows with the context: about 50 KiB per layer at 32 pairs against about
 #   10 KiB for the fixed states (last lines of the output, convolution state included).
 # - **DeltaNet learns the trained range and loses pairs beyond it.** It is close to perfect up
 #   to 8 pairs, then declines steadily; at 32 pairs it recalls about half of them.
 # - **Linear attention had not finished learning** when the budget ended: its training loss is
-#   still high and its accuracy at 8 pairs still rising (left panel). It is the lowest at every
+#   still high and its accuracy at 8 pairs still rising (top panel). It is the lowest at every
 #   pair count above 1, though above chance.
 #
 # **Which pairs are lost.** At the largest pair count, the accuracy of each model by the age of
 # the queried pair: how many pairs were written into the context after it (0 for the last pair).
 # If the delta rule's erasure is at work, as in experiment 1, the old pairs go first.
 
-# %% mystnb={"figure": {"caption": "Recall accuracy at $P = 32$ pairs by the age of the queried pair (how many pairs the context wrote after it). DeltaNet recalls the newest pairs best and the oldest worst; softmax and linear attention do not depend on age.", "name": "fig-deltanet-recall-by-age"}, "image": {"alt": "Line plot of recall accuracy against the age of the queried pair from 0 to 31: softmax flat at 1, DeltaNet falling from about 0.8 for the newest pairs to under 0.3 for the oldest, linear attention flat near 0.1"}}
+# %% mystnb={"figure": {"caption": "Recall accuracy at $P = 32$ pairs by the age of the queried pair (how many pairs the context wrote after it). DeltaNet recalls the newest pairs best and the oldest worst; softmax and linear attention do not depend on age.", "name": "fig-deltanet-recall-by-age"}, "image": {"alt": "Line plot of recall accuracy against the age of the queried pair, pooled in groups of four ages from 0 to 31: softmax flat at 1, DeltaNet falling from about 0.8 for the newest pairs to under 0.3 for the oldest, linear attention flat near 0.1"}}
 P = max(EVAL_PAIRS)
 x, y = held_out[P]
 context_keys, queries = x[:, 0 : 2 * P : 2], x[:, 2 * P :]  # [N, P] each

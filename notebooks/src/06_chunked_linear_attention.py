@@ -621,7 +621,7 @@ faster = sum(b < a for a, b in zip(times["lib chunked"], times["chunk loop"]))
 print(f"the chunk loop is faster than lib chunked at {faster} "
       f"of the {len(CHUNK_SIZES)} chunk sizes")
 
-# %% mystnb={"figure": {"caption": "Time (top) and flop rate (bottom) of the lib's vectorised chunked form and of the chunk loop against the chunk size $C$, next to the recurrence ($C = 1$), the parallel form ($C = T$) and the matrix-product rate: both forms trace a U, and at small $C$ the rate collapses although the flops barely change.", "name": "fig-chunked-time-rate-vs-c"}, "image": {"alt": "Two stacked line plots against chunk size on a log axis from 1 to T. Top: time in milliseconds on a log scale for the lib's chunked form and the chunk loop, both U-shaped with their lowest point at a few tens of tokens per chunk, a triangle for the recurrence at C = 1, one for the parallel form at C = T, and a dashed line, far lower, for the time of the flops at the matrix-product rate. Bottom: GFLOP per second of both forms, near zero at small chunks, rising to a peak at large chunks and falling at the largest, below a dashed line for the matrix-product rate."}}
+# %% mystnb={"figure": {"caption": "Time (top) and flop rate (bottom) of the lib's vectorised chunked form and of the chunk loop against the chunk size $C$, next to the recurrence ($C = 1$), the parallel form ($C = T$) and the matrix-product rate: both forms trace a U, and at small $C$ the rate collapses although the flops barely change.", "name": "fig-chunked-time-rate-vs-c"}, "image": {"alt": "Two stacked line plots against chunk size on a log axis from 1 to T. Top: time in milliseconds on a log scale for the lib's chunked form and the chunk loop, both U-shaped with their lowest point at 64 or 128 tokens per chunk, a triangle for the recurrence at C = 1, one for the parallel form at C = T, and a dashed line below both for the time of the flops at the matrix-product rate, far below at small chunks and within a factor of about three at the largest. Bottom: GFLOP per second of both forms, near zero at small chunks, rising to a peak of about 40 for the lib's form and about 60 for the chunk loop at 256 to 512 tokens per chunk and falling at the largest, below a dashed line for the matrix-product rate near 80."}}
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
 for name, marker in (("lib chunked", "o-"), ("chunk loop", "s-")):
     ax1.plot(CHUNK_SIZES, np.array(times[name]) * 1e3, marker, ms=4, label=name)
@@ -649,7 +649,7 @@ plt.show()
 # alone would take at that rate). On the left the
 # flops barely change (the state work $4TD^2$ is the same at every $C$), yet the time grows as $C$
 # shrinks and the rate collapses: the cost there is per chunk, not per flop. The bottom of the U
-# is at a few tens to a hundred tokens per chunk (the lines under the table give the fastest $C$
+# is at 64 to 128 tokens per chunk (the lines under the table give the fastest $C$
 # and the gain over both limits), the range GPU kernels use too: 64 or 128, the size of a
 # tensor-core tile.
 #
@@ -683,7 +683,7 @@ for idx, C in enumerate(CHUNK_SIZES):
     ratios = [times[name][idx] / fit[2][idx] for name, fit in fits.items()]
     print(f"{C:6d} " + " ".join(f"{r:12.2f}" for r in ratios))
 
-# %% mystnb={"figure": {"caption": "Measured time of the two chunked forms against the chunk size $C$ (dots) and the fitted model $a \\cdot F(C) + b \\cdot \\lceil T/C \\rceil$ (lines): two numbers per form, a flop rate and a cost per chunk, reproduce the U and where its bottom lies.", "name": "fig-chunked-cost-model-fit"}, "image": {"alt": "Log-log plot of time in milliseconds against chunk size from 1 to T: dots for the measured times of the lib's chunked form and the chunk loop, each with a fitted line of the same colour; all four trace a U with the lowest point at a few tens of tokens per chunk, the lines close to the dots except at the smallest and largest chunk sizes."}}
+# %% mystnb={"figure": {"caption": "Measured time of the two chunked forms against the chunk size $C$ (dots) and the fitted model $a \\cdot F(C) + b \\cdot \\lceil T/C \\rceil$ (lines): two numbers per form, a flop rate and a cost per chunk, reproduce the U and where its bottom lies.", "name": "fig-chunked-cost-model-fit"}, "image": {"alt": "Log-log plot of time in milliseconds against chunk size from 1 to T: dots for the measured times of the lib's chunked form and the chunk loop, each with a fitted line of the same colour; all four trace a U with the lowest point at 64 or 128 tokens per chunk, the lines close to the dots in the middle, while the measured times lie above the lines at the largest chunk sizes and, for the lib's form, at the smallest."}}
 fig, ax = plt.subplots(figsize=(6.8, 4))
 for (name, (a, b, pred)), color in zip(fits.items(), ("C0", "C1")):
     ax.plot(CHUNK_SIZES, np.array(times[name]) * 1e3, "o", color=color, ms=4,
@@ -708,7 +708,7 @@ plt.show()
 # - **The chunk loop** pays the Python interpreter and PyTorch's dispatch for the half-dozen
 #   operations of each iteration, whatever their size ($b$ above, in microseconds). That is what
 #   the recurrence pays per token too, which is why the loop at $C = 1$ and `la.recurrent` land
-#   close together.
+#   near each other (within a factor of two).
 # - **The lib's form** has no Python loop, yet its $b$ is larger: it writes all $N$ chunk states,
 #   $N D^2$ numbers per head, and at small $C$ that traffic dominates; the more states there are,
 #   the less of them stays in cache, so the cost per chunk grows as $C$ shrinks. Its scan, the one
@@ -928,7 +928,7 @@ for C in (32, 64, 128, 256):
 # - Time does not follow the flops at small $C$: each chunk has a fixed cost (interpreter and
 #   dispatch for the loop; the traffic of writing every chunk state for the vectorised form). A
 #   two-term model, flops plus a cost per chunk, describes the measured U, whose bottom lies at
-#   chunk sizes of tens to a hundred tokens here.
+#   chunk sizes of 64 to 128 tokens here.
 # - The post's chunk loop runs over `range(T // C)` and drops the last $T \bmod C$ tokens; step
 #   with `range(0, T, C)` or pad the last chunk.
 #

@@ -566,7 +566,7 @@ for kind in KINDS:
                 error=r.error.nan_to_num(nan=math.inf).median().item())
 print(f"{len(sweep)} points in {time.perf_counter() - t0:.1f} s")
 
-# %% mystnb={"figure": {"caption": "Median condition number $\\kappa_2(A)$ of the UT system over random chunks with $D_k = 128$, against the chunk size $C$ and the write strength $\\beta$, one panel per kind of key: small for unit keys, growing polynomially with $C$ and $\\beta$ for correlated keys, and astronomically large for raw keys.", "name": "fig-wy-sweep-condition"}, "image": {"alt": "Three heat maps stacked vertically, for unit, correlated and raw keys, each with chunk size from 16 to 256 on the vertical axis and beta from 0.1 to 2 on the horizontal axis; every cell is coloured by the logarithm of the condition number and labelled with its value: single digits to tens for unit keys, up to a few thousand for correlated keys, and around 1e18 over most of the raw-key panel."}}
+# %% mystnb={"figure": {"caption": "Median condition number $\\kappa_2(A)$ of the UT system over random chunks with $D_k = 128$, against the chunk size $C$ and the write strength $\\beta$, one panel per kind of key: small for unit keys, growing polynomially with $C$ and $\\beta$ for correlated keys, and astronomically large for raw keys ($10^{17}$ to $10^{19}$) except in the smallest chunks at small $\\beta$.", "name": "fig-wy-sweep-condition"}, "image": {"alt": "Three heat maps stacked vertically, for unit, correlated and raw keys, each with chunk size from 16 to 256 on the vertical axis and beta from 0.1 to 2 on the horizontal axis; every cell is coloured by the logarithm of the condition number and labelled with its value: single digits to tens for unit keys, up to a few thousand for correlated keys, and from about 1e17 to 1e19 over most of the raw-key panel, smaller, down to about 1000, only in its lower left corner of small chunks and small beta."}}
 def label_of(x):
     if not np.isfinite(x):
         return "inf"
@@ -601,7 +601,7 @@ def plot_sweep(metric, title, lo, hi):
 
 plot_sweep("cond", "κ₂(A)", 0, 19)
 
-# %% mystnb={"figure": {"caption": "Median relative error of $T$ computed in float32 from keys stored in float32, against $T$ in float64, over the same sweep: about $10^{-7}$ for unit keys, up to about $10^{-5}$ for correlated keys, and overflow (inf) for raw keys once $C \\beta$ is moderate.", "name": "fig-wy-sweep-float32-error"}, "image": {"alt": "Three heat maps stacked vertically, for unit, correlated and raw keys, each with chunk size on the vertical axis and beta on the horizontal axis; every cell is coloured by the logarithm of the float32 error of T and labelled with its value: between 1e-8 and 1e-6 for unit keys, up to about 1e-5 for correlated keys, and for raw keys about 1e-6 in the smallest chunks but inf over most of the upper right."}}
+# %% mystnb={"figure": {"caption": "Median relative error of $T$ computed in float32 from keys stored in float32, against $T$ in float64, over the same sweep: from $10^{-8}$ to $10^{-6}$ for unit keys (about $10^{-7}$ at $\\beta = 1$), up to about $10^{-5}$ for correlated keys, and overflow (inf) for raw keys once $C \\beta$ is moderate.", "name": "fig-wy-sweep-float32-error"}, "image": {"alt": "Three heat maps stacked vertically, for unit, correlated and raw keys, each with chunk size on the vertical axis and beta on the horizontal axis; every cell is coloured by the logarithm of the float32 error of T and labelled with its value: between 1e-8 and 1e-6 for unit keys, up to about 1e-5 for correlated keys, and for raw keys about 1e-6 in the smallest chunks but inf over most of the upper right."}}
 plot_sweep("error", "float32 error of T", -8, 0)
 
 # %% [markdown]
@@ -633,7 +633,8 @@ for kind in KINDS:
 #
 # - **Unit keys make the solve easy.** For $\beta \le 1$, $\kappa_2(A)$ stays below 10 and $T$ comes out
 #   of float32 with a relative error of a few times $10^{-7}$ at most, at every chunk size up to
-#   256; even at $\beta = 2$ the condition number stays below 50 and the error below $10^{-6}$. The
+#   256; even at $\beta = 2$ the condition number stays below 50 and the error is about
+#   $10^{-6}$ at most. The
 #   largest entry of $T$ is $\beta$ itself, on the diagonal, as the bound says. The bound
 #   $\kappa_\infty \le C^2$ is far from reached: the measured $\kappa_2$ grows slowly with $C$ and $\beta$.
 # - **Correlated keys are harder, but only polynomially.** Nearly parallel keys make the Gram
@@ -744,7 +745,7 @@ for D in TIMING_DIMS:
           f"WY factors {ms[2]:6.2f} ms"
           f"   (max |explicit P - WY P| = {dist:.1e}, float32)")
 
-# %% mystnb={"figure": {"caption": "Top: time of the explicit product of transitions, of the WY form of $P$ and of the WY factors alone, for a batch of chunks of $C = 64$ tokens, against the head size $D$. Bottom: the explicit product's time over the WY form's, measured and as the operation counts predict; the saving grows with $D$.", "name": "fig-wy-explicit-vs-wy-time"}, "image": {"alt": "Two stacked log-log line plots against head size D from 16 to 256. Top: milliseconds per batch of chunks; the explicit product rises steeply to a few hundred, while the WY form of P and the WY factors stay between a fraction of a millisecond and about one millisecond. Bottom: the measured ratio of the explicit product's time to the WY form's, rising from about 10 to about 200, next to a dashed operation-count ratio that starts lower and meets it at D = 256."}}
+# %% mystnb={"figure": {"caption": "Top: time of the explicit product of transitions, of the WY form of $P$ and of the WY factors alone, for a batch of chunks of $C = 64$ tokens, against the head size $D$. Bottom: the explicit product's time over the WY form's, measured and as the operation counts predict; the saving, about 4 to 5 times at $D = 16$ and 32, grows to about 170 times at $D = 256$.", "name": "fig-wy-explicit-vs-wy-time"}, "image": {"alt": "Two stacked log-log line plots against head size D from 16 to 256. Top: milliseconds per batch of chunks; the explicit product rises steeply from about 1 to a few hundred, while the WY form of P and the WY factors stay between a fraction of a millisecond and about 1.5 milliseconds. Bottom: the measured ratio of the explicit product's time to the WY form's, about 5 at D = 16 and 32 and rising to about 170 at D = 256, next to a dashed operation-count ratio that starts lower, near 2, lies above the measured ratio from D = 32 on and nearly meets it at D = 256."}}
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
 for m, marker in zip(METHODS, "osD"):
     ax1.plot(TIMING_DIMS, [t * 1e3 for t in timings[m]], marker + "-", label=m)
@@ -782,10 +783,11 @@ for i, (D, r, mdl, t) in enumerate(zip(TIMING_DIMS, measured, model, explicit)):
 #   column; the factor is noisy, because small products do not run at the machine's full speed,
 #   see the GFLOP/s column, and other work on the machine disturbs the timings). At small $D$ its
 #   time is fixed costs: 64 matrix products, one call each, whatever their size.
-# - **The WY form of $P$ was about ten times faster at the smallest $D$ and two orders of
-#   magnitude faster at $D = 256$** (the time-ratio column). From $D = 64$ on, the measured ratio grows
-#   like the operation-count ratio $2CD^3 / (3C^2D + C^3/3 + 2CD^2)$, which is roughly linear in
-#   $D$ once $D > C$.
+# - **The WY form of $P$ was about five times faster at the two smallest $D$ and two orders of
+#   magnitude (about 170 times) faster at $D = 256$** (the time-ratio column). From $D = 64$ on, the
+#   measured ratio rises with the operation-count ratio $2CD^3 / (3C^2D + C^3/3 + 2CD^2)$, which is
+#   roughly linear in $D$ once $D > C$: it stays below it, by about a factor of two at $D = 64$ and
+#   128, and comes close to it at $D = 256$.
 # - **The factors alone cost less still as $D$ grows**, because chunkwise DeltaNet never forms $P$: it needs
 #   $O(C^2 D)$ per chunk for $T$, $W$ and $U$, and the state enters only through $W S_0$ and
 #   $K^\top(\cdot)$ in the sequential pass, chapter 8's subject.
@@ -943,7 +945,7 @@ ok = checks.run("wy.wy_factors", wy_factors_solution)
 #   $\beta \le 1$ the entries of $A$ and $A^{-1}$ are at most 1, and the float32 solve was accurate to a
 #   few times $10^{-7}$ up to $C = 256$ (nearly parallel keys: about $10^{-6}$); raw keys overflow. Bfloat16 keys, not the solve, limit the accuracy of $T$ in a
 #   kernel. Chunk size 64 is a choice of cost and hardware, not of conditioning.
-# - Forming $P$ by the WY form instead of $C$ dense products was about one to two orders of magnitude
+# - Forming $P$ by the WY form instead of $C$ dense products was about 4 to 170 times
 #   faster here, more as $D$ grows; chunkwise DeltaNet does not even form $P$.
 #
 # **Next.** Chapter 8 puts the pieces together: compute $T$, $W$ and $U$ for every chunk at once,

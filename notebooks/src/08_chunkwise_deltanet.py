@@ -433,7 +433,7 @@ for name, (o32, S32) in runs.items():
           f"first / last sixteenth {errors[name][0]:.1e} / {errors[name][-1]:.1e}")
 print(f"({time.perf_counter() - t0:.0f} s)")
 
-# %% mystnb={"figure": {"caption": "Largest float32 output error in each sixteenth of the sequence, for the token loop and the chunked form at three chunk sizes, against the float64 token loop: all stay near $10^{-6}$, well below the stated bound of $10^{-5}$, and hardly grow along the sequence.", "name": "fig-chunkwise-float32-error"}, "image": {"alt": "Line plot with a logarithmic vertical axis of the largest output error per window against the position in the sequence, for the float32 token loop and the chunked form at C = 16, 64 and 128: all four lines lie between about 1e-6 and 2e-6 and stay flat from start to end, well below a dashed horizontal line at the bound 1e-5."}}
+# %% mystnb={"figure": {"caption": "Largest float32 output error in each sixteenth of the sequence, for the token loop and the chunked form at three chunk sizes, against the float64 token loop: all stay near $10^{-6}$, well below the stated bound of $10^{-5}$, and hardly grow along the sequence.", "name": "fig-chunkwise-float32-error"}, "image": {"alt": "Line plot with a logarithmic vertical axis of the largest output error per window against the position in the sequence, for the float32 token loop and the chunked form at C = 16, 64 and 128: all four lines lie between about 9e-7 and 2e-6 and wander without an upward trend from start to end, well below a dashed horizontal line at the bound 1e-5."}}
 fig, ax = plt.subplots(figsize=(6.8, 3.4))
 for name, err in errors.items():
     marker = "o-" if "loop" in name else ".-"
@@ -644,7 +644,7 @@ speed_up = by_T["recurrent"][T_TIME] / by_C[best_C]
 print(f"fastest at C = {best_C}: {speed_up:.0f}x faster than the token loop "
       f"at T = {T_TIME}")
 
-# %% mystnb={"figure": {"caption": "Top: forward-pass time of the token loop, the one-block parallel form and the chunked form at $C = 64$ against the sequence length $T$. Middle and bottom: the chunked form's time against the chunk size $C$, with the time its flops would take at the matrix-product rate and the token loop's time, and the fraction of the matrix-product rate it reaches.", "name": "fig-chunkwise-time-vs-t-and-c"}, "image": {"alt": "Three stacked line plots. Top: log-log time against sequence length from 256 to 4096; the token loop and the chunked form grow about linearly, the chunked form more than ten times faster, and the parallel form grows faster than linearly until it is as slow as the token loop at 2048. Middle: time of the chunked form against chunk size from 8 to 256, a shallow U with its lowest point at a few tens of tokens, above a rising dashed line for its flops at the matmul rate and below a dotted line for the token loop. Bottom: fraction of the matmul rate against chunk size, rising from under 0.1 to under 0.3."}}
+# %% mystnb={"figure": {"caption": "Top: forward-pass time of the token loop, the one-block parallel form and the chunked form at $C = 64$ against the sequence length $T$. Middle and bottom: the chunked form's time against the chunk size $C$, with the time its flops would take at the matrix-product rate and the token loop's time, and the fraction of the matrix-product rate it reaches.", "name": "fig-chunkwise-time-vs-t-and-c"}, "image": {"alt": "Three stacked line plots. Top: log-log time against sequence length from 256 to 4096; the token loop and the chunked form grow about linearly, the chunked form 8 to 18 times faster, and the parallel form grows faster than linearly, passes the token loop between 1024 and 2048 and is the slowest of the three at 2048, the longest length it was timed at. Middle: time of the chunked form against chunk size from 8 to 256, a shallow U with its lowest point at 16 and 32 tokens, above a rising dashed line for its flops at the matmul rate and below a dotted line for the token loop. Bottom: fraction of the matmul rate against chunk size, rising from about 0.15 at 8 to about 0.4 at 128 and 256."}}
 fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(6.7, 7.4), layout="constrained")
 for name, marker in (("recurrent", "s-"), ("parallel", "v-"), ("chunked C = 64", "o-")):
     pts = sorted(by_T[name].items())
@@ -670,11 +670,12 @@ plt.show()
 # In the run shown here:
 #
 # - **Against $T$** (top), the token loop and the chunked form both grow about linearly, and the chunked
-#   form is more than an order of magnitude faster at every length (the last column of the first
+#   form is 8 to 18 times faster at the lengths measured (the last column of the first
 #   table): it takes $T/C$ sequential steps instead of $T$, and its steps are matrix products. The
 #   parallel form grows faster than linearly: its $T \times T$ scores and triangular system cost
 #   $O(T^2 D)$ and more, so it is slower than the chunked form at every length measured, and at the
-#   longest length it was timed at it is about as slow as the token loop itself.
+#   longest length it was timed at, $T = 2048$, it is slower than the token loop itself, by a factor
+#   of about 2.5.
 # - **Against $C$** (middle), the chunked form traces chapter 6's U: at small $C$ the per-chunk costs
 #   dominate (the state pass has $T/C$ iterations, each a few Python-level calls), at large $C$ the
 #   $10TCD + TC^2/3$ of the diagonal blocks and the triangular solves do. The dashed line is the time
@@ -870,8 +871,8 @@ for C_ in (16, 32, 64, 128):
 #   within $10^{-5}$ in float32 at $T = 8192$ with hardly any growth along the sequence, passes `gradcheck`,
 #   and equals the papers' transposed form.
 # - It costs $6TD^2 + 10TCD + TC^2/3$ flops per head, about twice chunked linear attention, and in the
-#   run shown here it was more than an order of magnitude faster than the token loop at every
-#   length, at a fraction of the machine's matrix-product rate that grows with $C$ up to $C = 128$; the UT
+#   run shown here it was 8 to 18 times faster than the token loop at the lengths
+#   measured, at a fraction of the machine's matrix-product rate that grows with $C$ up to $C = 128$; the UT
 #   transform's small triangular solves and the sequential state pass are where the rest goes.
 #
 # **Next.** Chapter 9 turns exactly these stages into a GPU kernel: the scaled $KK^\top$, the
