@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from site_browser import (
+    JS_WIDGETS_DONE,
     VIEWPORTS,
     WIDGET_STATE,
     WIDGET_VIEW,
@@ -237,11 +238,7 @@ JS_LAUNCH = """() => [...document.querySelectorAll('a.tinyk3-launch')].map(a => 
 def settle(page, problems: list[str]) -> None:
     """Wait for widgets, MathJax, images and the network to finish."""
     if page.locator(WIDGET_VIEW).count() and page.locator(WIDGET_STATE).count():
-        wait(page, problems, "() => [...document.querySelectorAll("
-             f"'{WIDGET_VIEW}')].every(s => s.previousElementSibling && "
-             "s.previousElementSibling.classList.contains('widget-subarea') && "
-             "s.previousElementSibling.childElementCount > 0)",
-             "widgets did not finish rendering")
+        wait(page, problems, JS_WIDGETS_DONE, "widgets did not finish rendering")
     if page.locator('script[src*="mathjax/"]').count():
         if wait(page, problems, "() => window.MathJax && MathJax.startup"
                 " && MathJax.startup.promise && MathJax.typesetPromise",
