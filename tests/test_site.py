@@ -460,7 +460,7 @@ def test_notebook_page_links_its_own_notebook_in_colab_and_kaggle(page_file):
 
 
 @pytest.mark.browser
-def test_every_page_has_the_favicon_and_no_placeholder():
+def test_every_page_declares_the_favicon():
     for page_file in PAGES:
         html = (SITE / f"{page_file}.html").read_text()
         icons = re.findall(r'<link rel="icon" href="([^"]+)"', html)

@@ -4,12 +4,9 @@ check's package comparison, and the site extension's links and chapter guide."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -115,7 +112,6 @@ def test_chapter_guide_reads_titles_times_and_exercises(tmp_path):
                      "exercises": 2}]
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_ci_run_takes_its_package_list_from_the_prerequisite_check():
     text = (ROOT / ".ci" / "run").read_text()
     assert "tools/check_prereqs.py test --packages" in text and "make test" in text
