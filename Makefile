@@ -11,7 +11,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
-# Small tensors run much faster on one thread (TOOLING.md); notebooks read this too.
+# Small tensors run faster on one thread (no thread wake-up per op); notebooks read this too.
 export OMP_NUM_THREADS := 1
 export PYTHONHASHSEED := 0
 export PYDEVD_DISABLE_FILE_VALIDATION := 1

@@ -7,8 +7,9 @@ import os
 import pytest
 import torch
 
-# The course's tensors are tiny: on a 2-core machine one thread is several times faster
-# (see TOOLING.md). Respect an explicit OMP_NUM_THREADS.
+# The course's tensors are tiny: on a 2-core machine one thread is faster, because waking and
+# synchronising a second thread costs more than the work it would share. Respect an explicit
+# OMP_NUM_THREADS.
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 # transformers must never reach the network from a test (models are built from configs).

@@ -40,19 +40,35 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["environment", "time_fn", "matmul_flops", "delta_rule_flops", "sdpa_flops", "fla_chunkwise",
+from .cost import chunked_delta_rule_flops, sdpa_flops
+from .timing import Timing, time_fn
+
+__all__ = ["environment", "git_commit", "stamp", "time_fn", "Timing", "matmul_flops", "fla_chunkwise",
            "fla_chunk_kernel", "triton_chunked", "bench_delta_rule", "main"]
 
 
-def environment() -> dict:
-    """Hardware, versions and commit, recorded with every result."""
+def git_commit(cwd: Path | None = None) -> tuple[str, bool | None]:
+    """``(short commit, dirty)`` of the checkout the library runs from; ``("unknown", None)``
+    outside git. ``dirty`` is True when tracked files differ from that commit, so a record made
+    with uncommitted changes says so."""
+    cwd = cwd or Path(__file__).parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip()
+                                text=True, timeout=5, cwd=cwd).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, cwd=cwd)
     except Exception:  # pragma: no cover - no git
-        commit = ""
+        return "unknown", None
+    if not commit or status.returncode != 0:
+        return "unknown", None
+    return commit, bool(status.stdout.strip())
+
+
+def environment() -> dict:
+    """Hardware, versions and commit (with a dirty flag), recorded with every result."""
     from . import __version__
 
+    commit, dirty = git_commit()
     return {
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
@@ -61,30 +77,19 @@ def environment() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "tinyk3": __version__,
-        "commit": commit or "unknown",
+        "commit": commit,
+        "dirty": dirty,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
     }
 
 
-def time_fn(fn, *, repeats: int = 5, warmup: int = 1, min_seconds: float = 0.0, cuda: bool = False) -> float:
-    """Median wall time of ``fn()`` in seconds over ``repeats`` runs, after ``warmup`` runs."""
-    if cuda:  # GPU work is asynchronous: time it to completion
-        inner = fn
-
-        def fn():
-            inner()
-            torch.cuda.synchronize()
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    start = time.perf_counter()
-    while len(times) < repeats or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
+def stamp(env: dict | None = None) -> str:
+    """One line naming the commit (``+dirty`` when uncommitted changes were present), the
+    versions and the hardware, for a printed result or a figure."""
+    env = env or environment()
+    commit = env["commit"] + ("+dirty" if env.get("dirty") else "")
+    where = env["cuda"] if env["cuda"] != "none" else f"{env['processor']}, {env['threads']} thread(s)"
+    return f"tinyk3 {env['tinyk3']} @ {commit}, torch {env['torch']}, {where}"
 
 
 def matmul_flops(n: int = 512, dtype=torch.float32, repeats: int = 10, device: str = "cpu") -> float:
@@ -93,20 +98,6 @@ def matmul_flops(n: int = 512, dtype=torch.float32, repeats: int = 10, device: s
     seconds = time_fn(lambda: a @ b, repeats=repeats, warmup=2, cuda=device == "cuda")
     return 2 * n**3 / seconds
 
-
-def delta_rule_flops(T: int, Dk: int, Dv: int, C: int) -> float:
-    """Matmul flops of the chunked delta rule, per head (counted from ``ops.delta_rule.chunked``).
-
-    Per chunk of ``C`` tokens: ``K Kᵀ`` (2C²Dk), inverting the unit triangular ``C × C``
-    matrix (C³/3), ``W = T K`` and ``U = T V`` (2C²(Dk + Dv)), ``Q Kᵀ`` (2C²Dk), ``W S``,
-    ``Q S`` and ``Kᵀ U'`` (2C·Dk·Dv each) and ``(QKᵀ ⊙ M) U'`` (2C²Dv). Dense counts: the
-    masked products do the full work in PyTorch. (FACTS.md's ≈ 6LD² + 10LCD + LC²/3 per head
-    is the same count for Dk = Dv = D, with these terms summed over T/C chunks.)
-    """
-    n_chunks = -(-T // C)
-    per_chunk = (2 * C * C * Dk + C**3 / 3 + 2 * C * C * (Dk + Dv) + 2 * C * C * Dk
-                 + 3 * 2 * C * Dk * Dv + 2 * C * C * Dv)
-    return n_chunks * per_chunk
 
 
 def fla_chunkwise():
@@ -135,11 +126,6 @@ def triton_chunked():
 
     return kernels.delta_rule.chunked if kernels.AVAILABLE else None
 
-
-def sdpa_flops(T: int, D: int) -> float:
-    """Matmul flops of causal softmax attention per head: ``Q Kᵀ`` and ``P V``, the lower half
-    of each (``2 · 2T²D / 2``; what a causal flash kernel computes, up to the diagonal blocks)."""
-    return 2.0 * T * T * D
 
 
 def bench_delta_rule(Ts=(256, 1024, 4096), *, B=1, H=4, D=64, chunk_sizes=(16, 32, 64, 128),
@@ -212,7 +198,7 @@ def bench_delta_rule(Ts=(256, 1024, 4096), *, B=1, H=4, D=64, chunk_sizes=(16, 3
                 elif name == "sdpa":
                     flops = B * H * sdpa_flops(T, D)
                 else:
-                    flops = B * H * delta_rule_flops(T, D, D, C)
+                    flops = B * H * chunked_delta_rule_flops(T, D, C, Dv=D)
                 rows.append({"form": name, "T": T, "C": C, "B": B, "H": H, "D": D,
                              "dtype": str(dtype).replace("torch.", ""), "device": device,
                              "seconds": seconds, "tokens_per_s": B * T / seconds,
@@ -269,7 +255,7 @@ def _plot(rows: list[dict], env: dict, path: str) -> None:
            title=(f"delta rule forward, {env['cuda'] if env.get('device') == 'cuda' else env['processor']}, "
                   f"{env.get('dtype', 'float32')}, torch {env['torch']}"))
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
-    fig.text(0.01, 0.01, f"tinyk3 {env['tinyk3']} @ {env['commit']}", fontsize=7)
+    fig.text(0.01, 0.01, stamp(env), fontsize=7)
     fig.savefig(path, bbox_inches="tight", dpi=120)
 
 

@@ -18,7 +18,7 @@ splits into
 * the **scan** that turns the per-chunk ``K_cᵀ V_c`` into every chunk's starting state: one
   ``Dk × Dv`` addition per chunk.
 
-For ``Dk = Dv = D`` and ``T`` a multiple of ``C`` that is ``4TD² + 4TCD`` matmul flops (FACTS.md)
+For ``Dk = Dv = D`` and ``T`` a multiple of ``C`` that is ``4TD² + 4TCD`` matmul flops
 plus ``TD²/C`` additions. :func:`tinyk3.ops.linear_attention.chunked` pads the last chunk to ``C``
 rows, so it does ``⌈T/C⌉`` chunks of full work; the counts here are of that work.
 """
@@ -34,6 +34,8 @@ __all__ = [
     "chunked_linear_attention_flops",
     "recurrent_linear_attention_flops",
     "parallel_linear_attention_flops",
+    "chunked_delta_rule_flops",
+    "sdpa_flops",
 ]
 
 
@@ -117,3 +119,25 @@ def parallel_linear_attention_flops(T: int, D: int, *, Dv: int | None = None) ->
     state = matmul(T, Dk, Dv) + matmul(Dk, T, Dv)
     diagonal = matmul(T, Dk, T) + matmul(T, T, Dv)
     return FlopCount(state=state, diagonal=diagonal, scan=0, sequential_steps=1)
+
+
+def chunked_delta_rule_flops(T: int, Dk: int, C: int, *, Dv: int | None = None) -> float:
+    """Matmul flops of the chunked delta rule, per head (counted from ``ops.delta_rule.chunked``).
+
+    Per chunk of ``C`` tokens: ``K Kᵀ`` (2C²Dk), inverting the unit triangular ``C × C``
+    matrix (C³/3), ``W = T K`` and ``U = T V`` (2C²(Dk + Dv)), ``Q Kᵀ`` (2C²Dk), ``W S``,
+    ``Q S`` and ``Kᵀ U'`` (2C·Dk·Dv each) and ``(QKᵀ ⊙ M) U'`` (2C²Dv). Dense counts: the
+    masked products do the full work in PyTorch. For Dk = Dv = D and T a multiple of C this sums to
+    6TD² + 10TCD + TC²/3 per head (summing the terms above over T/C chunks).
+    """
+    Dv = Dk if Dv is None else Dv
+    n_chunks = -(-T // C)
+    per_chunk = (2 * C * C * Dk + C**3 / 3 + 2 * C * C * (Dk + Dv) + 2 * C * C * Dk
+                 + 3 * 2 * C * Dk * Dv + 2 * C * C * Dv)
+    return n_chunks * per_chunk
+
+
+def sdpa_flops(T: int, D: int) -> float:
+    """Matmul flops of causal softmax attention per head: ``Q Kᵀ`` and ``P V``, the lower half
+    of each (``2 · 2T²D / 2``; what a causal flash kernel computes, up to the diagonal blocks)."""
+    return 2.0 * T * T * D

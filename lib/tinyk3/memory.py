@@ -26,6 +26,8 @@ import math
 
 import torch
 
+from ._validate import is_int, positive_int
+
 __all__ = [
     "write_loop",
     "write",
@@ -142,27 +144,42 @@ def min_crosstalk_std(n_pairs: int, dim: int) -> float:
 
 
 def _check_sizes(n_pairs, dim, op):
-    if not (isinstance(n_pairs, int) and isinstance(dim, int) and n_pairs >= 1 and dim >= 1):
+    if not (is_int(n_pairs) and is_int(dim) and n_pairs >= 1 and dim >= 1):
         raise ValueError(f"{op}: N and D must be positive ints, got {n_pairs!r}, {dim!r}")
 
 
 # -- key sets -------------------------------------------------------------------------------------
 
-def random_unit_keys(n_pairs: int, dim: int, *, generator: torch.Generator | None = None,
+def _check_batch(batch, op):
+    if batch is not None:
+        positive_int(batch, "batch", op)
+
+
+def random_unit_keys(n_pairs: int, dim: int, *, batch: int | None = None,
+                     generator: torch.Generator | None = None,
                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """N keys uniform on the unit sphere of R^D (normalised Gaussians). ``[N, D]``."""
+    """N keys uniform on the unit sphere of R^D (normalised Gaussians): ``[N, D]``, or
+    ``[batch, N, D]`` (``batch`` independent memories) when ``batch`` is given."""
     _check_sizes(n_pairs, dim, "memory.random_unit_keys")
-    k = torch.randn(n_pairs, dim, generator=generator, dtype=dtype)
+    _check_batch(batch, "memory.random_unit_keys")
+    shape = (n_pairs, dim) if batch is None else (batch, n_pairs, dim)
+    k = torch.randn(shape, generator=generator, dtype=dtype)
     return k / k.norm(dim=-1, keepdim=True)
 
 
-def orthonormal_keys(n_pairs: int, dim: int, *, generator: torch.Generator | None = None,
+def orthonormal_keys(n_pairs: int, dim: int, *, batch: int | None = None,
+                     generator: torch.Generator | None = None,
                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """N random orthonormal keys in R^D (rows of a QR factor), ``K Kᵀ = I``. Needs N ≤ D."""
+    """N random orthonormal keys in R^D (rows of a QR factor), ``K Kᵀ = I``: ``[N, D]``, or
+    ``[batch, N, D]`` when ``batch`` is given (each memory its own random basis). Needs N ≤ D."""
     _check_sizes(n_pairs, dim, "memory.orthonormal_keys")
+    _check_batch(batch, "memory.orthonormal_keys")
     if n_pairs > dim:
         raise ValueError(f"memory.orthonormal_keys: at most D = {dim} vectors of R^{dim} can be "
                          f"orthonormal, asked for N = {n_pairs}")
+    if batch is not None:
+        return torch.stack([orthonormal_keys(n_pairs, dim, generator=generator, dtype=dtype)
+                            for _ in range(batch)])
     a = torch.randn(dim, n_pairs, generator=generator, dtype=torch.float64)
     q, r = torch.linalg.qr(a)  # q: [D, N] with orthonormal columns
     q = q * torch.sign(torch.diagonal(r))  # a unique, uniformly random choice of signs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import bench
+from .. import cost
 from ..ops import delta_rule as dr
 from ..ops import wy
 from .core import Case, Exercise, Mistake, register
@@ -116,8 +116,8 @@ register(Exercise(
 
 def chunked_delta_rule_flops(T, D, C):
     """Reference: matmul flops per head of the chunked delta rule (``Dk = Dv = D``, ``⌈T/C⌉``
-    chunks of ``C`` rows, the last one padded), the count of :func:`tinyk3.bench.delta_rule_flops`."""
-    return float(bench.delta_rule_flops(int(T), int(D), int(D), int(C)))
+    chunks of ``C`` rows, the last one padded), the count of :func:`tinyk3.cost.chunked_delta_rule_flops`."""
+    return float(cost.chunked_delta_rule_flops(int(T), int(D), int(C)))
 
 
 def _n(T, C):
