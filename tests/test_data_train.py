@@ -95,6 +95,8 @@ def test_get_batch_windows_and_shift(B, T):
 def test_get_batch_covers_the_last_window_and_is_seeded():
     data = torch.arange(9)
     x, y = get_batch(data, 5, 8)  # only one window fits
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        get_batch(data, True, 8)
     assert torch.equal(x, data[:8].expand(5, 8)) and torch.equal(y, data[1:].expand(5, 8))
     data = torch.arange(1000)
     a = get_batch(data, 4, 16, torch.Generator().manual_seed(3))

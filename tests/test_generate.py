@@ -101,8 +101,10 @@ def test_zero_new_tokens_returns_the_prompt(model, prompt):
 
 
 def test_generate_errors(model, prompt):
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+    with pytest.raises(ValueError, match="max_new_tokens must be a non-negative int"):
         generate(model, prompt, -1)
+    with pytest.raises(ValueError, match="max_new_tokens must be a non-negative int"):
+        generate(model, prompt, True)
     with pytest.raises(ValueError, match=f"exceed block_size={BLOCK}"):
         generate(model, prompt, BLOCK - 4)
     with pytest.raises(ValueError, match=r"\[B, T\]"):
@@ -159,5 +161,7 @@ def test_top_k_larger_than_vocab_is_clamped():
 def test_sample_next_errors():
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         sample_next(_logits(), temperature=-1.0)
-    with pytest.raises(ValueError, match="top_k must be >= 1"):
+    with pytest.raises(ValueError, match="top_k must be a positive int"):
         sample_next(_logits(), top_k=0)
+    with pytest.raises(ValueError, match="top_k must be a positive int"):
+        sample_next(_logits(), top_k=True)

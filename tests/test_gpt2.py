@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tinyk3 import models
 from tinyk3.gpt2 import GPT, GPTConfig, count_parameters
 
 transformers = pytest.importorskip("transformers")
@@ -156,6 +157,44 @@ def test_from_hf_rejects_wrong_shapes_and_types(hf_lm):
         GPT.from_hf(42)
 
 
+# -- GPT-2 as a tinyk3.models LM (the one interface of every language model in the course) ------
+
+def test_models_from_hf_matches_transformers_logits(hf_lm, idx):
+    ours = models.from_hf(hf_lm).eval()
+    assert isinstance(ours, models.LM) and ours.config.kinds == ("softmax",) * LAYERS
+    assert ours.config.layer_mixers[0].n_head == HEADS
+    with torch.no_grad():
+        expected = hf_lm(idx).logits
+        torch.testing.assert_close(ours(idx), expected, **TOL32)
+        cache = ours.new_cache()  # and fed in pieces through one cache
+        pieces = torch.cat([ours(idx[:, m:n], cache=cache) for m, n in [(0, 7), (7, 8), (8, BLOCK)]],
+                           dim=1)
+        torch.testing.assert_close(pieces, expected, **TOL32)
+    total, active = models.count_parameters(ours.config)
+    assert total == active == hf_lm.num_parameters() == ours.num_parameters()
+
+
+def test_models_from_checkpoint_reads_config_json_and_tensors(hf_lm, idx):
+    config = hf_lm.config.to_dict()  # what config.json parses to
+    ours = models.from_checkpoint(config, dict(hf_lm.state_dict())).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf_lm(idx).logits, **TOL32)
+    assert ours.config.layer_norm_eps == hf_lm.config.layer_norm_epsilon
+
+
+def test_models_loaders_name_what_they_support(hf_lm):
+    class Other:
+        class config:  # noqa: N801 - mimics a transformers model's config attribute
+            model_type = "mamba"
+
+    with pytest.raises(NotImplementedError, match=r"'mamba' is not supported; supported: \['gpt2'\]"):
+        models.from_hf(Other())
+    with pytest.raises(NotImplementedError, match="'mamba'"):
+        models.from_checkpoint({"model_type": "mamba"}, {})
+    with pytest.raises(TypeError, match="parsed config.json"):
+        models.from_checkpoint(hf_lm.config, {})
+
+
 # -- parameters ---------------------------------------------------------------------------
 
 def test_gpt2_small_has_124_439_808_parameters():
@@ -271,6 +310,7 @@ def test_block_size_itself_is_allowed(tiny):
     (dict(n_embd=50, n_head=3), r"n_embd \(50\) must be divisible by n_head \(3\)"),
     (dict(n_layer=0), "n_layer must be a positive int"),
     (dict(vocab_size=2.5), "vocab_size must be a positive int"),
+    (dict(n_head=True), "n_head must be a positive int"),  # a bool is no int here
     (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
     (dict(dropout=-0.1), "dropout"),
 ])

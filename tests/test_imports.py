@@ -16,7 +16,8 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(tinyk3.__path__, "tinyk3.
 
 
 def test_the_package_has_modules():
-    assert {"tinyk3.widgets", "tinyk3.kernels", "tinyk3.bench", "tinyk3.checks"} <= set(MODULES)
+    assert {"tinyk3.widgets", "tinyk3.kernels", "tinyk3.bench", "tinyk3.checks", "tinyk3.layers",
+            "tinyk3.layers.conv", "tinyk3.models", "tinyk3.models.presets"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

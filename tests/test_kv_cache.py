@@ -88,6 +88,11 @@ def test_kv_cache_bytes_gpt2_small():
     # 2 × 12 layers × 768 × 1,024 tokens × 4 bytes
     assert kv_cache_bytes(12, 768, 1024) == 75_497_472
     assert kv_cache_bytes(12, 768, 1024, batch_size=8, bytes_per_value=2) == 8 * 75_497_472 // 2
+    assert kv_cache_bytes(12, 768, 0) == 0
+    with pytest.raises(ValueError, match="seq_len must be a non-negative int"):
+        kv_cache_bytes(12, 768, -1)
+    with pytest.raises(ValueError, match="bytes_per_value must be a positive int"):
+        kv_cache_bytes(12, 768, 8, bytes_per_value=True)
 
 
 @torch.no_grad()
@@ -123,6 +128,8 @@ def test_kv_cache_append_errors():
         KVCache(0)
     with pytest.raises(ValueError, match="positive int"):
         KVCache(2.0)
+    with pytest.raises(ValueError, match="KVCache: n_layer must be a positive int, got True"):
+        KVCache(True)
     cache = KVCache(2)
     k = torch.randn(2, 4, 3, 8)
     with pytest.raises(IndexError, match="layer 2 out of range for a cache of 2 layers"):

@@ -13,7 +13,17 @@ import torch
 import torch.nn.functional as F
 
 from tinyk3.gpt2 import CausalSelfAttention, GPTConfig
-from tinyk3.layers import MIXERS, DeltaNet, LinearAttention, SoftmaxAttention, state_nbytes
+from tinyk3.layers import (
+    MIXERS,
+    ConvState,
+    DeltaNet,
+    DeltaState,
+    KVState,
+    LinearAttention,
+    LinearState,
+    SoftmaxAttention,
+    state_nbytes,
+)
 from tinyk3.ops import delta_rule
 from tinyk3.ops.feature_maps import FEATURE_MAPS
 
@@ -44,15 +54,27 @@ def _fed(layer, x, blocks):
 
 
 def _clone(state):
-    if isinstance(state, torch.Tensor):
-        return state.clone()
-    return type(state)(_clone(s) for s in state)
+    """A deep copy of a state (a NamedTuple of tensors, None and nested NamedTuples)."""
+    if state is None or isinstance(state, torch.Tensor):
+        return None if state is None else state.clone()
+    return type(state)(*(_clone(s) for s in state))
 
 
 def _equal(a, b):
+    if a is None or b is None:
+        return a is None and b is None
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+
+
+def _flat(state):
+    """The tensors of a state, in order (None fields skipped)."""
+    if state is None:
+        return []
+    if isinstance(state, torch.Tensor):
+        return [state]
+    return [t for s in state for t in _flat(s)]
 
 
 # -- decoding from a state equals the full pass ------------------------------------------
@@ -73,8 +95,9 @@ def test_state_continues_the_sequence(kind, dtype, blocks):
     err = (got - full).abs().max().item()
     assert err <= TOL[dtype] * max(1.0, full.abs().max().item()), f"{kind} {blocks}: max abs error {err:.3g}"
     # the final state does not depend on how the sequence was cut either
-    for a, b in zip(state if isinstance(state, tuple) else (state,),
-                    full_state if isinstance(full_state, tuple) else (full_state,)):
+    assert type(state) is type(full_state) is layer.State
+    assert len(_flat(state)) == len(_flat(full_state)) > 0
+    for a, b in zip(_flat(state), _flat(full_state), strict=True):
         assert a.shape == b.shape
         assert (a - b).abs().max().item() <= TOL[dtype] * max(1.0, b.abs().max().item())
 
@@ -127,11 +150,16 @@ def test_gradients_reach_every_parameter(kind):
 def test_softmax_attention_is_gpt2_attention():
     layer = _layer("softmax")
     gpt_attn = CausalSelfAttention(GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=H, n_embd=C))
-    gpt_attn.load_state_dict(layer.state_dict())  # same names: c_attn, c_proj
+    sd = layer.state_dict()  # GPT-2's c_attn is q_proj, k_proj, v_proj stacked; c_proj is o_proj
+    gpt_attn.load_state_dict({
+        "c_attn.weight": torch.cat([sd[f"{n}_proj.weight"] for n in "qkv"]),
+        "c_attn.bias": torch.cat([sd[f"{n}_proj.bias"] for n in "qkv"]),
+        "c_proj.weight": sd["o_proj.weight"], "c_proj.bias": sd["o_proj.bias"]})
     x = _x(T=12)
-    y, (k, v) = layer(x)
+    y, state = layer(x)
     assert torch.equal(y, gpt_attn(x))
-    assert k.shape == v.shape == (2, H, 12, D)  # the KV cache, [B, H, T, D]
+    assert isinstance(state, KVState) and state.conv is None
+    assert state.k.shape == state.v.shape == (2, H, 12, D)  # the KV cache, [B, H, T, D]
 
 
 @pytest.mark.parametrize("normalize", [True, False])
@@ -142,7 +170,7 @@ def test_linear_attention_matches_the_sum_over_past_tokens(fmap, normalize):
     layer = _layer("linear", torch.float64, feature_map=fmap, normalize=normalize)
     x = _x(B=1, T=7, dtype=torch.float64)
     y, state = layer(x)
-    q, k, v = layer.c_attn(x).split(C, dim=2)  # [1, T, C] each
+    q, k, v = layer.project(x)  # [1, T, C] each
     phi = FEATURE_MAPS[fmap]
     scale = D ** -0.25 if fmap == "taylor2" else 1.0
     heads = []
@@ -155,13 +183,15 @@ def test_linear_attention_matches_the_sum_over_past_tokens(fmap, normalize):
             o = (w[:, None] * vh[: t + 1]).sum(0)
             rows.append(o / (w.sum() + 1e-6) if normalize else o)
         heads.append(torch.stack(rows))  # [T, D]
-    ref = layer.c_proj(torch.cat(heads, dim=-1))[None]  # [1, T, C]
+    ref = layer.o_proj(torch.cat(heads, dim=-1))[None]  # [1, T, C]
     assert (y - ref).abs().max().item() <= 1e-10 * max(1.0, ref.abs().max().item())
-    S = state[0] if normalize else state
-    assert S.shape == (1, H, layer.feature_dim, D)
+    assert isinstance(state, LinearState) and state.conv is None
+    assert state.S.shape == (1, H, layer.feature_dim, D)
     assert layer.feature_dim == (1 + D + D * D if fmap == "taylor2" else D)
     if normalize:
-        assert state[1].shape == (1, H, layer.feature_dim)
+        assert state.z.shape == (1, H, layer.feature_dim)
+    else:
+        assert state.z is None
 
 
 @torch.no_grad()
@@ -170,8 +200,9 @@ def test_deltanet_matches_the_paper_layout_reference():
     o_t = S_t q_t, with q, k = L2-normalised SiLU features and β_t = σ(W_β x_t)."""
     layer = _layer("deltanet", torch.float64)
     x = _x(B=1, T=9, dtype=torch.float64)
-    y, S_ours = layer(x)
-    q, k, v = layer.c_attn(x).split(C, dim=2)  # [1, T, C] each
+    y, state = layer(x)
+    S_ours = state.S
+    q, k, v = layer.project(x)  # [1, T, C] each
     beta = torch.sigmoid(layer.b_proj(x))[0]  # [T, H]
     heads, finals = [], []
     for h in range(H):
@@ -187,7 +218,7 @@ def test_deltanet_matches_the_paper_layout_reference():
             rows.append(S @ q_t)
         heads.append(torch.stack(rows))
         finals.append(S)
-    ref = layer.c_proj(torch.cat(heads, dim=-1))[None]
+    ref = layer.o_proj(torch.cat(heads, dim=-1))[None]
     assert (y - ref).abs().max().item() <= 1e-12
     # our state is the transpose: [B, H, Dk, Dv]
     assert S_ours.shape == (1, H, D, D)
@@ -294,37 +325,45 @@ def test_bad_inputs_are_refused(kind):
 
 def test_softmax_attention_state_errors():
     layer = _layer("softmax")
-    _, (k, v) = layer(_x(B=2, T=3))
-    with pytest.raises(TypeError, match=r"pair \(k, v\)"):
+    _, (k, v, _) = layer(_x(B=2, T=3))
+    with pytest.raises(TypeError, match="must be the KVState this layer returned, got Tensor"):
         layer(_x(T=1), k)
+    with pytest.raises(TypeError, match="must be the KVState this layer returned, got tuple"):
+        layer(_x(T=1), (k, v))
     with pytest.raises(ValueError, match=r"cached k must be \[B=2, H=2, T, D=8\]"):
-        layer(_x(T=1), (k[:1], v))
+        layer(_x(T=1), KVState(k[:1], v))
     with pytest.raises(ValueError, match="differ in length"):
-        layer(_x(T=1), (k, v[:, :, :2]))
+        layer(_x(T=1), KVState(k, v[:, :, :2]))
     with pytest.raises(TypeError, match="float64"):
-        layer(_x(T=1), (k.double(), v.double()))
+        layer(_x(T=1), KVState(k.double(), v.double()))
+    with pytest.raises(ValueError, match="has no convolution"):
+        layer(_x(T=1), KVState(k, v, ConvState(k, k, k)))
 
 
 def test_linear_attention_state_errors():
     layer = _layer("linear")
     with pytest.raises(ValueError, match="unknown feature map 'gelu'"):
         LinearAttention(C, H, feature_map="gelu")
-    _, (S, z) = layer(_x(B=2, T=3))
-    with pytest.raises(TypeError, match=r"pair \(S, z\)"):
+    _, (S, z, _) = layer(_x(B=2, T=3))
+    with pytest.raises(TypeError, match="must be the LinearState"):
         layer(_x(T=1), S)
     with pytest.raises(ValueError, match="shape"):
-        layer(_x(T=2), (S[:, :1], z[:, :1]))
+        layer(_x(T=2), LinearState(S[:, :1], z[:, :1]))
     plain = _layer("linear", normalize=False)
     with pytest.raises(TypeError, match="S alone"):
-        plain(_x(T=1), (S, z))
+        plain(_x(T=1), LinearState(S, z))
+    with pytest.raises(TypeError, match="holds z"):
+        layer(_x(T=1), LinearState(S, None))
 
 
 def test_deltanet_state_errors():
     layer = _layer("deltanet")
-    _, S = layer(_x(B=2, T=3))
+    _, (S, _) = layer(_x(B=2, T=3))
     with pytest.raises(ValueError, match="shape"):
-        layer(_x(T=1), S[..., :4])
+        layer(_x(T=1), DeltaState(S[..., :4]))
     with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        layer(_x(T=1), DeltaState((S,)))
+    with pytest.raises(TypeError, match="must be the DeltaState"):
         layer(_x(T=1), (S,))
 
 
@@ -336,12 +375,6 @@ def test_repr_names_the_configuration():
 
 # -- the short causal convolution (conv_size > 0) ---------------------------------------------
 
-def _flat(state):
-    if isinstance(state, torch.Tensor):
-        return [state]
-    return [t for s in state for t in _flat(s)]
-
-
 @pytest.mark.parametrize("blocks", BLOCKS.values(), ids=BLOCKS.keys())
 @pytest.mark.parametrize("kind", KINDS)
 @torch.no_grad()
@@ -351,8 +384,8 @@ def test_short_convolution_state_continues_the_sequence(kind, blocks):
     full, full_state = layer(x)
     got, state = _fed(layer, x, blocks)
     assert (got - full).abs().max().item() <= 1e-12 * max(1.0, full.abs().max().item())
-    conv_state, _ = state
-    assert conv_state.shape == (2, 3 * C, 3)  # the last K - 1 = 3 projected tokens
+    assert isinstance(state.conv, ConvState)
+    assert all(s.shape == (2, C, 3) for s in state.conv)  # the last K - 1 = 3 projected q, k, v
     for a, b in zip(_flat(state), _flat(full_state), strict=True):
         assert a.shape == b.shape and (a - b).abs().max().item() <= 1e-12 * max(1.0, b.abs().max().item())
 
@@ -376,8 +409,10 @@ def test_short_convolution_is_a_depthwise_causal_filter_with_silu():
     layer = _layer("deltanet", torch.float64, conv_size=4)
     x = _x(B=1, T=7, dtype=torch.float64)
     q, k, v, _ = layer._qkv(x)
-    p = layer.c_attn(x)[0]  # [T, 3C]
-    w, b = layer.qkv_conv.weight[:, 0, :], layer.qkv_conv.bias  # [3C, K], [3C]
+    p = torch.cat(layer.project(x), dim=-1)[0]  # [T, 3C]
+    convs = (layer.q_conv, layer.k_conv, layer.v_conv)
+    w = torch.cat([c.weight[:, 0, :] for c in convs])  # [3C, K]
+    b = torch.cat([c.bias for c in convs])  # [3C]
     expected = torch.zeros_like(p)
     for t in range(7):  # h_t = SiLU(Σ_i w_i ⊙ p_{t-(K-1)+i} + b), zeros before the first token
         acc = b.clone()
@@ -409,7 +444,10 @@ def test_bad_conv_size_is_refused(bad):
 def test_short_convolution_state_errors():
     layer = _layer("linear", conv_size=4)
     _, state = layer(_x(T=5))
-    with pytest.raises(TypeError, match=r"the pair \(conv_state, mixer_state\)"):
-        layer(_x(T=1), state[0])  # the conv state alone, not the pair
-    with pytest.raises(ValueError, match=r"conv_state must be \[B, 3C, K-1\]"):
-        layer(_x(T=1), (state[0][:, :, :2], state[1]))
+    with pytest.raises(TypeError, match="must be the LinearState"):
+        layer(_x(T=1), state.conv)  # the conv state alone, not the layer's state
+    with pytest.raises(TypeError, match="state.conv must be the ConvState"):
+        layer(_x(T=1), state._replace(conv=tuple(state.conv)))
+    cq, ck, cv = state.conv
+    with pytest.raises(ValueError, match=r"the state must be \[B, channels, K-1\] = \[2, 16, 3\]"):
+        layer(_x(T=1), state._replace(conv=ConvState(cq[:, :, :2], ck, cv)))

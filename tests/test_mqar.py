@@ -265,3 +265,5 @@ def test_train_batches_bad_arguments():
         train_batches(_tiny(), _batch, steps=2, eval_every=0, progress=False)
     with pytest.raises(ValueError, match="steps must be a non-negative int"):
         train_batches(_tiny(), _batch, steps=-1, progress=False)
+    with pytest.raises(ValueError, match="warmup must be a non-negative int"):
+        train_batches(_tiny(), _batch, steps=2, warmup=True, progress=False)

@@ -10,6 +10,9 @@ import torch
 
 from tinyk3 import _validate, bench, memory, timing, util
 
+# Imports tinyk3.bench, which reaches Triton: rerun with Triton hidden by `make unit-no-triton`.
+pytestmark = pytest.mark.triton
+
 
 def test_timing_is_the_median_with_quartiles():
     t = timing.Timing([5.0, 1.0, 3.0, 2.0, 4.0])

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ._validate import positive_int
+
 __all__ = [
     "load_corpus", "encode", "decode", "split", "get_batch", "VOCAB_SIZE",
     "IGNORE_INDEX", "mqar", "mqar_seq_len", "mqar_elimination_accuracy", "recall_accuracy",
@@ -53,6 +55,8 @@ def get_batch(
     data: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows: inputs ``x [B, T]`` and next-token targets ``y [B, T]`` (shifted by one)."""
+    batch_size = positive_int(batch_size, "batch_size", "get_batch")
+    block_size = positive_int(block_size, "block_size", "get_batch")
     if len(data) <= block_size:
         raise ValueError(f"data has {len(data)} tokens, need more than block_size={block_size}")
     starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
@@ -81,8 +85,7 @@ def mqar_elimination_accuracy(n_queries: int) -> float:
     52 % for 4 queries, 34 % for 8, 21 % for 16. Accuracy above this needs associative recall;
     ``show_answers=False`` removes the shortcut (chance is then ``1/P``).
     """
-    if isinstance(n_queries, bool) or not isinstance(n_queries, int) or n_queries < 1:
-        raise ValueError(f"n_queries must be a positive int, got {n_queries!r}")
+    n_queries = positive_int(n_queries, "n_queries", "mqar_elimination_accuracy")
     return sum(1.0 / i for i in range(1, n_queries + 1)) / n_queries
 
 
@@ -130,8 +133,7 @@ def mqar(
         raise TypeError(f"mqar: show_answers must be a bool, got {show_answers!r}")
     for name, value in (("n_examples", n_examples), ("n_pairs", n_pairs), ("vocab_size", vocab_size),
                         ("n_queries", n_queries)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"mqar: {name} must be a positive int, got {value!r}")
+        positive_int(value, name, "mqar")
     n_keys = vocab_size // 2  # keys [0, V//2), values [V//2, V): n_keys <= n_values
     if n_pairs > n_keys:
         raise ValueError(

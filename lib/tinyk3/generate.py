@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ._validate import nonnegative_int, positive_int
+
 __all__ = ["generate", "sample_next"]
 
 
@@ -20,8 +22,7 @@ def sample_next(
         return logits.argmax(dim=-1, keepdim=True)  # [B, 1]
     logits = logits / temperature
     if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        top_k = positive_int(top_k, "top_k", "sample_next")
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = logits.softmax(dim=-1)
@@ -50,8 +51,7 @@ def generate(
     """
     if idx.dim() != 2:
         raise ValueError(f"idx must have shape [B, T], got {tuple(idx.shape)}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    max_new_tokens = nonnegative_int(max_new_tokens, "max_new_tokens", "generate")
     block_size = model.config.block_size
     if use_cache and idx.shape[1] + max_new_tokens > block_size:
         raise ValueError(

@@ -17,8 +17,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ._validate import is_int
 from .attention import causal_attention_sdpa
 from .kv_cache import KVCache
+from .layers import SoftmaxAttention
 
 __all__ = ["GPTConfig", "GPT", "count_parameters", "attention_maps", "init_gpt2_weights"]
 
@@ -30,7 +32,8 @@ class GPTConfig:
     Source: OpenAI's released GPT-2 ``hparams.json`` for the 124M model (``n_vocab`` 50,257,
     ``n_ctx`` 1,024, ``n_embd`` 768, ``n_head`` 12, ``n_layer`` 12), also the defaults of
     ``transformers.GPT2Config``. With the output head tied to the token embedding this is
-    exactly 124,439,808 parameters (see ``FACTS.md`` and :func:`count_parameters`).
+    exactly 124,439,808 parameters (:func:`count_parameters`; ``tests/test_gpt2.py`` checks it
+    against the built model and against ``transformers.GPT2LMHeadModel``).
     nanoGPT pads the vocabulary to 50,304 for speed; we keep the true 50,257.
     """
 
@@ -45,7 +48,7 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(
@@ -113,10 +116,16 @@ class Block(nn.Module):
         return x
 
 
-def init_gpt2_weights(model: nn.Module, n_layer: int) -> None:
+RESIDUAL_PROJECTIONS = ("c_proj.weight", "o_proj.weight")
+
+
+def init_gpt2_weights(model: nn.Module, n_layer: int,
+                      residual: tuple[str, ...] = RESIDUAL_PROJECTIONS) -> None:
     """GPT-2's initialisation, in place: every Linear and Embedding weight N(0, 0.02²), biases 0,
-    and the projections that write into the residual stream (``c_proj``) scaled down by
-    ``1/√(2·n_layer)``, so the stream's variance does not grow with depth. (MixerLM uses it too.)"""
+    and the projections that write into the residual stream (parameter names ending in one of
+    ``residual``: GPT-2's ``c_proj``, the mixers' ``o_proj``) scaled down by ``1/√(2·n_layer)``,
+    so the stream's variance does not grow with depth (:class:`tinyk3.models.LM` uses it too).
+    Radford et al. (2019), section 2.3."""
 
     def init_module(module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -128,7 +137,7 @@ def init_gpt2_weights(model: nn.Module, n_layer: int) -> None:
 
     model.apply(init_module)
     for name, p in model.named_parameters():
-        if name.endswith("c_proj.weight"):
+        if name.endswith(residual):
             nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
 
 
@@ -286,7 +295,15 @@ def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
 
     The model itself runs fused attention and never forms these matrices; this captures each
     block's attention input with a hook and recomputes ``softmax(q kᵀ/√D + mask)`` from it.
+    ``model`` is a :class:`GPT`, or a :class:`tinyk3.models.LM` whose layers are all softmax
+    attention without a short convolution (GPT-2 loaded with :func:`tinyk3.models.from_hf`).
     """
+    for block in model.transformer.h:
+        attn = block.attn
+        if not isinstance(attn, CausalSelfAttention) and (
+                not isinstance(attn, SoftmaxAttention) or attn.conv_size):
+            raise TypeError(f"attention_maps: every layer must be softmax attention without a "
+                            f"short convolution, got {attn!r}")
     inputs: list[torch.Tensor] = []
     hooks = [
         block.attn.register_forward_pre_hook(lambda mod, args, kwargs: inputs.append(args[0]),
@@ -302,7 +319,10 @@ def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     for block, x in zip(model.transformer.h, inputs):
         B, T, C = x.shape
         H = block.attn.n_head
-        q, k, _ = block.attn.c_attn(x).split(C, dim=2)
+        if isinstance(block.attn, CausalSelfAttention):  # GPT: q, k, v in one projection
+            q, k, _ = block.attn.c_attn(x).split(C, dim=2)
+        else:  # an LM's SoftmaxAttention: separate projections
+            q, k, _ = block.attn.project(x)
         q = q.view(B, T, H, C // H).transpose(1, 2)  # [B, H, T, D]
         k = k.view(B, T, H, C // H).transpose(1, 2)  # [B, H, T, D]
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(C // H)  # [B, H, T, T]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ._validate import nonnegative_int, positive_int
+
 __all__ = ["KVCache", "kv_cache_bytes"]
 
 
@@ -20,8 +22,7 @@ class KVCache:
     """
 
     def __init__(self, n_layer: int):
-        if not isinstance(n_layer, int) or n_layer < 1:
-            raise ValueError(f"n_layer must be a positive int, got {n_layer!r}")
+        n_layer = positive_int(n_layer, "n_layer", "KVCache")
         self.keys: list[torch.Tensor | None] = [None] * n_layer
         self.values: list[torch.Tensor | None] = [None] * n_layer
 
@@ -72,4 +73,8 @@ def kv_cache_bytes(
     n_layer: int, n_embd: int, seq_len: int, batch_size: int = 1, bytes_per_value: int = 4
 ) -> int:
     """Analytic cache size: K and V (2) × layers × ``n_embd`` (all heads) × tokens × batch."""
+    for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("batch_size", batch_size),
+                        ("bytes_per_value", bytes_per_value)):
+        positive_int(value, name, "kv_cache_bytes")
+    nonnegative_int(seq_len, "seq_len", "kv_cache_bytes")
     return 2 * n_layer * n_embd * seq_len * batch_size * bytes_per_value

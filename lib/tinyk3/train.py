@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ._validate import nonnegative_int, positive_int
 from .data import IGNORE_INDEX, get_batch
 
 __all__ = ["TrainResult", "train_lm", "train_batches", "evaluate_loss"]
@@ -68,7 +69,9 @@ def train_lm(
     log point the loss on fixed windows of ``val_data`` goes to ``result.val_loss``. The loop
     itself is :func:`train_batches`'s.
     """
-    block_size = block_size or model.config.block_size
+    batch_size = positive_int(batch_size, "batch_size", "train_lm")
+    block_size = (model.config.block_size if block_size is None
+                  else positive_int(block_size, "block_size", "train_lm"))
 
     def batch_fn(g: torch.Generator):
         return get_batch(train_data, batch_size, block_size, g)
@@ -127,10 +130,9 @@ def _fit(model, batch_fn, *, steps, lr, warmup, eval_every, seed, progress, log_
     """
     from tqdm.auto import tqdm
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
-    if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
-        raise ValueError(f"eval_every must be a positive int, got {eval_every!r}")
+    steps = nonnegative_int(steps, "steps", "train")
+    eval_every = positive_int(eval_every, "eval_every", "train")
+    warmup = nonnegative_int(warmup, "warmup", "train")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
 
     def lr_at(step: int) -> float:

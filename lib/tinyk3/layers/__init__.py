@@ -1,0 +1,65 @@
+"""Token mixers and the other layers of a block (chapters 1-5; Parts IV-V add kinds).
+
+Every mixer has one interface, so a model can swap them by configuration
+(:mod:`tinyk3.models`) and a chapter can compare them on the same model and data:
+
+    y, new_state = mixer(x, state=None)      x, y: [B, T, C]
+
+``state`` is everything needed to continue the sequence: run a prompt (prefill) with
+``state=None``, then feed the returned state back with one token (decode) or a block of
+tokens, and the outputs equal those of one pass over the whole sequence. The state passed
+in is never modified; a new one is returned. Each mixer's state is a ``NamedTuple``:
+
+* :class:`SoftmaxAttention`: ``softmax(q kᵀ/√D + mask) v``; state :class:`KVState`
+  ``(k, v, conv)``, the KV cache, each ``[B, H, T, D]``: it grows with every token (chapter 2).
+* :class:`LinearAttention`: ``φ(q) S`` with ``S = Σ φ(k)ᵀ v`` (chapter 3); state
+  :class:`LinearState` ``(S, z, conv)``, ``S: [B, H, Dk, Dv]``, ``z: [B, H, Dk]`` (``None``
+  unless normalised): fixed size.
+* :class:`DeltaNet`: the delta rule ``S_t = S_{t-1} + k_tᵀ β_t (v_t − k_t S_{t-1})``
+  (chapter 5); state :class:`DeltaState` ``(S, conv)``: fixed size.
+
+Each mixer has separate ``q_proj``, ``k_proj``, ``v_proj`` and an ``o_proj``
+(:class:`Mixer`), and can put a :class:`ShortConvolution` on each of q, k and v
+(``conv_size > 0``: a depthwise causal filter over the last ``conv_size`` tokens, then SiLU,
+as the DeltaNet and Kimi layers do; chapter 12 studies it). It lets a token see its
+neighbours directly, which small models need to learn associative recall (chapter 5). Its
+state, the last ``conv_size − 1`` projected tokens, is the ``conv`` field (:class:`ConvState`).
+
+:func:`state_nbytes` measures any of these states in bytes, and each layer's
+``state_numel(batch_size, length)`` gives the same size by formula.
+
+Each mixer kind has a configuration (:class:`SoftmaxAttentionConfig`,
+:class:`LinearAttentionConfig`, :class:`DeltaNetConfig`) registered under its name in
+:data:`MIXER_CONFIGS` (and its module in :data:`MIXERS`); new kinds are registered with
+:func:`register_mixer`, MLP kinds with :func:`register_mlp` (:mod:`tinyk3.layers.registry`).
+The mixing maths lives in pure functions (:mod:`tinyk3.attention`, :mod:`tinyk3.ops`); these
+modules add the projections and the per-head feature maps.
+"""
+
+from __future__ import annotations
+
+from .base import ConvState, Mixer, state_nbytes
+from .conv import ShortConvolution
+from .deltanet import DeltaNet, DeltaNetConfig, DeltaState
+from .linear import LinearAttention, LinearAttentionConfig, LinearState
+from .mlp import MLP, GeluMLPConfig
+from .registry import (
+    MIXER_CONFIGS,
+    MIXERS,
+    MLP_CONFIGS,
+    MLPS,
+    MixerSpec,
+    MLPSpec,
+    mixer_config,
+    register_mixer,
+    register_mlp,
+)
+from .softmax import KVState, SoftmaxAttention, SoftmaxAttentionConfig
+
+__all__ = [
+    "Mixer", "SoftmaxAttention", "LinearAttention", "DeltaNet", "ShortConvolution", "MLP",
+    "SoftmaxAttentionConfig", "LinearAttentionConfig", "DeltaNetConfig", "GeluMLPConfig",
+    "KVState", "LinearState", "DeltaState", "ConvState", "state_nbytes",
+    "MixerSpec", "MLPSpec", "MIXERS", "MIXER_CONFIGS", "MLPS", "MLP_CONFIGS",
+    "register_mixer", "register_mlp", "mixer_config",
+]

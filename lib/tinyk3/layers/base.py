@@ -1,0 +1,165 @@
+"""What every token mixer shares: separate q, k, v projections, the optional short convolution,
+head split and merge, input and state checks, and ``forward``; a mixer implements ``_mix``."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .._validate import nonnegative_int, positive_int
+from .conv import ShortConvolution, init_jointly_, short_convolutions
+
+__all__ = ["Mixer", "ConvState", "state_nbytes"]
+
+
+def state_nbytes(state) -> int:
+    """Bytes held by a mixer state: a tensor, ``None``, or a (nested) tuple/list of them.
+
+    Measured from the tensors themselves (``numel × element_size``), not from a formula, so a
+    chapter can set it against the formula (``state_numel``) and against sequence length.
+    """
+    if state is None:
+        return 0
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, (tuple, list)):
+        return sum(state_nbytes(s) for s in state)
+    raise TypeError(f"a state is a tensor, None or a tuple/list of them, got {type(state).__name__}")
+
+
+class ConvState(NamedTuple):
+    """The short convolutions' states: the last ``K − 1`` projected q, k and v, each
+    ``[B, C, K − 1]`` (:class:`~tinyk3.layers.ShortConvolution`)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+class Mixer(nn.Module):
+    """Base of the token mixers: ``y, new_state = mixer(x, state=None)``, ``x, y: [B, T, C]``.
+
+    Parameters: ``q_proj``, ``k_proj``, ``v_proj`` (each ``C → C`` with a bias), ``o_proj``
+    (``C → C``, back to the residual stream) and, with ``conv_size = K > 0``, ``q_conv``,
+    ``k_conv``, ``v_conv`` (:class:`~tinyk3.layers.ShortConvolution`, ``K`` taps, SiLU). The
+    three input projections are separate tensors, so a checkpoint that stores them separately
+    maps one to one; ``forward`` still runs them as one matmul over the concatenated weights
+    (GPT-2's ``c_attn``), which gives the same numbers as the fused layer this replaced.
+
+    A subclass sets ``State`` (a ``NamedTuple`` whose last field is ``conv``, a
+    :class:`ConvState` or ``None``) and implements ``_mix(q, k, v, x, state) -> (y, fields)``,
+    ``fields`` being the new state's fields before ``conv``. The state passed in is never
+    modified; a new one is returned.
+    """
+
+    State: type = tuple  # set by each subclass
+
+    def __init__(self, d_model: int, n_head: int, conv_size: int = 0):
+        super().__init__()
+        name = type(self).__name__
+        d_model = positive_int(d_model, "d_model", name)
+        n_head = positive_int(n_head, "n_head", name)
+        if d_model % n_head:
+            raise ValueError(f"{name}: d_model ({d_model}) must be divisible by n_head ({n_head})")
+        try:
+            conv_size = nonnegative_int(conv_size, "conv_size", name)
+        except ValueError:
+            raise ValueError(f"{name}: conv_size must be an int >= 0, got {conv_size!r}") from None
+        self.d_model, self.n_head, self.head_dim = d_model, n_head, d_model // n_head
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.o_proj = nn.Linear(d_model, d_model)  # output projection, back to the residual
+        self.conv_size = conv_size
+        if conv_size:  # one filter of conv_size taps per channel of q, k and v (depthwise)
+            self.q_conv = ShortConvolution(d_model, conv_size, init=False)
+            self.k_conv = ShortConvolution(d_model, conv_size, init=False)
+            self.v_conv = ShortConvolution(d_model, conv_size, init=False)
+            init_jointly_([self.q_conv, self.k_conv, self.v_conv])  # as one [3C, 1, K] filter
+
+    def forward(self, x: torch.Tensor, state=None):
+        """``x [B, T, C]`` and the state returned by the previous call → ``(y [B, T, C], new_state)``."""
+        self._check_x(x)
+        if state is not None and not isinstance(state, self.State):
+            raise TypeError(f"{type(self).__name__}: the state must be the {self.State.__name__} "
+                            f"this layer returned, got {type(state).__name__}")
+        conv_state = None if state is None else state.conv
+        q, k, v, new_conv = self._qkv(x, conv_state)  # [B, H, T, D] each
+        y, fields = self._mix(q, k, v, x, state)  # y: [B, H, T, D]
+        return self._merge(y), self.State(*fields, new_conv)
+
+    def _mix(self, q, k, v, x, state):  # pragma: no cover - every mixer overrides it
+        raise NotImplementedError
+
+    def _check_x(self, x: torch.Tensor) -> None:
+        name = type(self).__name__
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: x must be a torch.Tensor [B, T, C], got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"{name}: x must have shape [B, T, C={self.d_model}], got {tuple(x.shape)}")
+        if x.shape[1] == 0:
+            raise ValueError(f"{name}: x has no tokens (T = 0)")
+
+    def project(self, x: torch.Tensor):
+        """``x [B, T, C]`` → the projections ``q, k, v``, each ``[B, T, C]`` (no convolution)."""
+        sizes = [p.out_features for p in (self.q_proj, self.k_proj, self.v_proj)]
+        return self._project_joint(x).split(sizes, dim=2)
+
+    def _project_joint(self, x: torch.Tensor) -> torch.Tensor:
+        """``q, k, v`` side by side, ``[B, T, 3C]``: one matmul over the concatenated weights."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([p.weight for p in projs])  # [3C, C]
+        bias = torch.cat([p.bias for p in projs])
+        return F.linear(x, weight, bias)
+
+    def _qkv(self, x: torch.Tensor, conv_state: ConvState | None = None):
+        """``x [B, T, C]`` → ``q, k, v``, each ``[B, H, T, D]``, and the new convolution state.
+
+        With a short convolution, each of q, k, v goes through its own
+        :class:`~tinyk3.layers.ShortConvolution` (SiLU included), continuing from
+        ``conv_state``; the three run as one call
+        (:func:`~tinyk3.layers.conv.short_convolutions`). Without one, the new convolution
+        state is ``None``.
+        """
+        B, T, C = x.shape
+        H, D = self.n_head, self.head_dim
+        if not self.conv_size:
+            if conv_state is not None:
+                raise ValueError(f"{type(self).__name__}: this layer has no convolution, "
+                                 "but the state holds a convolution state")
+            q, k, v = self.project(x)  # 3 × [B, T, C]
+            new_conv = None
+        else:
+            if conv_state is not None and not isinstance(conv_state, ConvState):
+                raise TypeError(f"{type(self).__name__}: state.conv must be the ConvState this "
+                                f"layer returned, got {type(conv_state).__name__}")
+            p = self._project_joint(x)  # [B, T, 3C]
+            convs = (self.q_conv, self.k_conv, self.v_conv)
+            p, states = short_convolutions(convs, p, conv_state)  # each conv on its block
+            new_conv = ConvState(*states)
+            q, k, v = p.split(C, dim=2)  # 3 × [B, T, C]
+        q = q.reshape(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
+        k = k.reshape(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
+        v = v.reshape(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
+        return q, k, v, new_conv
+
+    def _merge(self, y: torch.Tensor) -> torch.Tensor:
+        """Heads ``[B, H, T, D]`` → ``[B, T, C]``, then the output projection."""
+        B, H, T, D = y.shape
+        y = y.transpose(1, 2).contiguous().view(B, T, H * D)  # [B, T, C]
+        return self.o_proj(y)
+
+    def state_nbytes(self, state) -> int:
+        """Bytes held by ``state`` (see :func:`state_nbytes`)."""
+        return state_nbytes(state)
+
+    def _conv_numel(self, batch_size: int) -> int:
+        """Numbers in the convolutions' state: ``B · 3C · (K − 1)``."""
+        return batch_size * 3 * self.d_model * max(self.conv_size - 1, 0)
+
+    def extra_repr(self) -> str:
+        conv = f", conv_size={self.conv_size}" if self.conv_size else ""
+        return f"d_model={self.d_model}, n_head={self.n_head}{conv}"

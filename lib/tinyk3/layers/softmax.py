@@ -1,0 +1,83 @@
+"""Causal multi-head softmax attention (GPT-2's, chapter 1) with its KV cache (chapter 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+import torch
+
+from ..attention import causal_attention_sdpa
+from .base import ConvState, Mixer
+from .registry import MixerSpec, register_mixer
+
+__all__ = ["SoftmaxAttention", "SoftmaxAttentionConfig", "KVState"]
+
+
+class KVState(NamedTuple):
+    """A softmax layer's state: every past token's keys and values, each ``[B, H, T_seen, D]``
+    (the KV cache), and the convolution state (``None`` without one)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    conv: ConvState | None = None
+
+
+class SoftmaxAttention(Mixer):
+    """Causal multi-head softmax attention (GPT-2's, chapter 1) with a KV cache (chapter 2).
+
+    ``o = softmax(q kᵀ/√D + mask) v`` through :func:`tinyk3.attention.causal_attention_sdpa`.
+    State: :class:`KVState` ``(k, v, conv)``, the keys and values of every token so far.
+    New tokens' keys and values are appended (a new tensor; the old state is untouched) and the
+    new queries see the whole cache through a bottom-right causal mask.
+    Size: ``2·B·H·T·D = 2·B·T·C`` numbers, growing with T (:meth:`state_numel`).
+    """
+
+    State = KVState
+
+    def _mix(self, q, k, v, x, state):
+        if state is not None:
+            past_k, past_v = self._check_state(state, q)
+            k = torch.cat([past_k, k], dim=2)  # [B, H, T_past + T, D]
+            v = torch.cat([past_v, v], dim=2)  # [B, H, T_past + T, D]
+        # o = softmax(q kᵀ / √D + mask) v, the new queries being the last T of T_past + T
+        y = causal_attention_sdpa(q, k, v)  # [B, H, T, D]
+        return y, (k, v)
+
+    def _check_state(self, state: KVState, q: torch.Tensor):
+        k, v = state.k, state.v
+        B, H, _, D = q.shape
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"SoftmaxAttention: cached {name} must be a tensor, got {type(t).__name__}")
+            if t.dim() != 4 or t.shape[0] != B or t.shape[1] != H or t.shape[3] != D:
+                raise ValueError(
+                    f"SoftmaxAttention: cached {name} must be [B={B}, H={H}, T, D={D}], got {tuple(t.shape)}"
+                )
+            if t.dtype != q.dtype or t.device != q.device:
+                raise TypeError(
+                    f"SoftmaxAttention: cached {name} is {t.dtype} on {t.device}, "
+                    f"the input {q.dtype} on {q.device}"
+                )
+        if k.shape[2] != v.shape[2]:
+            raise ValueError(
+                f"SoftmaxAttention: cached k and v differ in length: {k.shape[2]} vs {v.shape[2]}"
+            )
+        return k, v
+
+    def state_numel(self, batch_size: int, length: int) -> int:
+        """Numbers in the KV cache after ``length`` tokens: K and V, ``2·B·H·T·D``."""
+        return 2 * batch_size * self.n_head * length * self.head_dim + self._conv_numel(batch_size)
+
+
+@register_mixer
+@dataclass(frozen=True)
+class SoftmaxAttentionConfig(MixerSpec):
+    """A :class:`SoftmaxAttention` layer: ``n_head`` heads of ``d_model / n_head``, and
+    ``conv_size`` taps of short convolution on q, k, v (0: none; GPT-2 has none)."""
+
+    n_head: int
+    conv_size: int = 0
+
+    kind: ClassVar[str] = "softmax"
+    module: ClassVar[type] = SoftmaxAttention

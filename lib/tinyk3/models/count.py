@@ -1,0 +1,42 @@
+"""Parameter counts by formula, for any configuration a model's ``.config`` holds."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..gpt2 import GPTConfig
+from .config import LMConfig
+from .gpt2 import config_from_gpt
+
+__all__ = ["ParameterCount", "count_parameters"]
+
+
+class ParameterCount(NamedTuple):
+    """``total``: every parameter, a tied head counted once; ``active``: those one token uses
+    (``total`` less the routed experts it is not sent to; equal without experts)."""
+
+    total: int
+    active: int
+
+
+def count_parameters(config) -> ParameterCount:
+    """Parameters of the model built from ``config``, by formula: ``(total, active)``.
+
+    ``total`` equals ``sum(p.numel() for p in model.parameters())`` exactly
+    (``tests/test_models.py`` checks it at several configurations). Per block: two LayerNorms
+    ``4C``, the mixer (its configuration's ``num_parameters``: q, k, v and output projections
+    ``4C² + 4C``, DeltaNet's ``W_β`` ``C·H + H``, a short convolution ``3C·K + 3C``) and the MLP
+    (GPT-2's: ``2rC² + rC + C``). Plus the token embedding ``V·C`` (the head reuses it),
+    positions ``P·C`` if learned, and the final LayerNorm ``2C``. With softmax attention and
+    ``r = 4`` a block is GPT-2's ``12C² + 13C``. A :class:`tinyk3.gpt2.GPTConfig` is accepted too.
+    """
+    if isinstance(config, GPTConfig):
+        config = config_from_gpt(config)
+    if not isinstance(config, LMConfig):
+        raise TypeError(f"count_parameters: expected an LMConfig or a GPTConfig, "
+                        f"got {type(config).__name__}")
+    C = config.n_embd
+    total = config.vocab_size * C + (config.block_size * C if config.pos_emb else 0) + 2 * C
+    for mixer, mlp in zip(config.layer_mixers, config.layer_mlps):
+        total += 4 * C + mixer.num_parameters(C) + mlp.num_parameters(C)
+    return ParameterCount(total, total)

@@ -1,0 +1,163 @@
+"""The language model of the course: GPT-2's stack with a configurable mixer per layer."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..gpt2 import init_gpt2_weights
+from ..layers import state_nbytes
+from .config import LMConfig
+
+__all__ = ["LM", "LMCache", "Block"]
+
+
+class LMCache:
+    """The decoding state of an :class:`LM`: one state per layer, and the length.
+
+    ``cache.layers[i]`` is layer ``i``'s state (``None`` before the first token): for softmax
+    attention its KV cache :class:`~tinyk3.layers.KVState` (grows with ``length``); for linear
+    attention and DeltaNet a fixed-size matrix (:class:`~tinyk3.layers.LinearState`,
+    :class:`~tinyk3.layers.DeltaState`), each with its short convolution's state. The model
+    replaces each layer's state after a successful forward pass (the state tensors themselves
+    are never modified, so an old state can be kept and resumed from).
+    """
+
+    def __init__(self, kinds):
+        kinds = tuple(kinds)
+        if not kinds or not all(isinstance(k, str) for k in kinds):
+            raise ValueError(f"LMCache: kinds must be one mixer kind per layer, got {kinds!r}")
+        self.kinds = kinds
+        self.layers: list = [None] * len(kinds)
+        self.length = 0  # tokens seen so far
+        self.batch_size: int | None = None
+
+    @property
+    def states(self) -> list:
+        """The per-layer states (the old name of :attr:`layers`)."""
+        return self.layers
+
+    @states.setter
+    def states(self, value) -> None:
+        self.layers = list(value)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layers)
+
+    def nbytes(self) -> int:
+        """Bytes held by all layers' states (measured from the tensors)."""
+        return sum(state_nbytes(s) for s in self.layers)
+
+    def __repr__(self) -> str:
+        kinds = sorted(set(self.kinds))
+        return (f"LMCache(kinds={'/'.join(kinds)}, n_layer={self.n_layer}, length={self.length}, "
+                f"nbytes={self.nbytes():,})")
+
+
+class Block(nn.Module):
+    """Pre-LN block: ``x + mixer(ln_1(x))``, then ``x + mlp(ln_2(x))``.
+
+    The mixer is called ``attn`` whatever it is (GPT-2's name, and fla's for its linear layers).
+    """
+
+    def __init__(self, config: LMConfig, layer: int):
+        super().__init__()
+        C = config.n_embd
+        self.ln_1 = nn.LayerNorm(C, eps=config.layer_norm_eps)
+        self.attn = config.layer_mixers[layer].build(C)
+        self.ln_2 = nn.LayerNorm(C, eps=config.layer_norm_eps)
+        self.mlp = config.layer_mlps[layer].build(C)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, state=None):
+        y, new_state = self.attn(self.ln_1(x), state)
+        x = x + self.drop(y)
+        x = x + self.drop(self.mlp(self.ln_2(x)))
+        return x, new_state
+
+
+class LM(nn.Module):
+    """A GPT-2-shaped language model with a configurable token mixer per layer.
+
+    ``forward(idx [B, T], cache=None) -> logits [B, T, vocab_size]``. With ``cache=`` an
+    :class:`LMCache` from :meth:`new_cache`, the tokens in ``idx`` continue the
+    ``cache.length`` tokens already seen: positions start there, each layer continues from
+    its state, and the cache then holds the new states and length. ``model.config`` is the
+    :class:`LMConfig` it was built from. Everything but the mixers is GPT-2's: pre-LN blocks,
+    the MLP, learned positions (optional), a tied head and GPT-2's initialisation, so when
+    chapters compare mechanisms on the same data, only the mixer differs.
+    """
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"config must be an LMConfig (e.g. from MixerConfig(...)), "
+                            f"got {type(config).__name__}")
+        self.config = config
+        modules = dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embeddings
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
+            ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps),
+        )
+        if config.pos_emb:
+            modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)  # learned positions
+        self.transformer = nn.ModuleDict(modules)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied: one matrix, two uses
+        init_gpt2_weights(self, config.n_layer)  # GPT-2's recipe, residual projections scaled
+
+    def num_parameters(self) -> int:
+        """Parameters counted once (the tied head shares the embedding's storage)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self) -> LMCache:
+        """An empty decoding state for this model."""
+        return LMCache(self.config.kinds)
+
+    def forward(self, idx: torch.Tensor, cache: LMCache | None = None) -> torch.Tensor:
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32):
+            raise TypeError("idx must be an integer tensor of token ids with shape [B, T]")
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape [B, T], got {tuple(idx.shape)}")
+        B, T = idx.shape
+        if T == 0:
+            raise ValueError("idx has no tokens (T = 0)")
+        if cache is not None:
+            if not isinstance(cache, LMCache):
+                raise TypeError(
+                    f"cache must be an LMCache from model.new_cache(), got {type(cache).__name__}"
+                )
+            if cache.kinds != self.config.kinds:
+                raise ValueError(
+                    f"cache is for layers {list(cache.kinds)}, the model has layers "
+                    f"{list(self.config.kinds)}: make it with model.new_cache()"
+                )
+            if cache.length and cache.batch_size != B:
+                raise ValueError(f"cache holds batch size {cache.batch_size}, idx has {B}")
+        start = 0 if cache is None else cache.length
+        if self.config.pos_emb and start + T > self.config.block_size:
+            raise ValueError(
+                f"sequence of {start + T} tokens ({start} cached + {T} new) is longer than "
+                f"block_size={self.config.block_size}: there is no position embedding past it"
+            )
+        vocab = self.config.vocab_size
+        if idx.min() < 0 or idx.max() >= vocab:
+            raise ValueError(f"token ids must lie in [0, {vocab}), got [{idx.min()}, {idx.max()}]")
+
+        x = self.transformer.wte(idx)  # [B, T, C]
+        if self.config.pos_emb:
+            pos = torch.arange(start, start + T, device=idx.device)  # [T]
+            x = x + self.transformer.wpe(pos)  # [B, T, C]
+        x = self.transformer.drop(x)
+        new_states = []
+        for i, block in enumerate(self.transformer.h):
+            x, state = block(x, None if cache is None else cache.layers[i])
+            new_states.append(state)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)  # [B, T, vocab_size]
+        if cache is not None:  # commit only after every layer succeeded
+            cache.layers = new_states
+            cache.length, cache.batch_size = start + T, B
+        return logits
