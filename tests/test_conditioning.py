@@ -41,6 +41,9 @@ def test_bad_arguments():
         conditioning.chunk_keys("orthogonal", 1, 4, 4)
     with pytest.raises(ValueError, match="cos must be in"):
         conditioning.chunk_keys("correlated", 1, 4, 4, cos=1.0)
+    for args in ((True, 4, 4), (1, 0, 4), (1, 4, 2.0)):  # n, C, D
+        with pytest.raises(ValueError, match="chunk_keys: .* must be a positive int"):
+            conditioning.chunk_keys("unit", *args)
 
 
 def test_condition_number_and_relative_error_by_hand():

@@ -27,11 +27,19 @@ def test_matmul_and_n_chunks():
             cost.n_chunks(8, bad)
         with pytest.raises(ValueError):
             cost.chunked_linear_attention_flops(8, 4, bad)
+        for args in ((bad, 4, 2), (8, bad, 2), (8, 4, bad)):  # T, Dk, C
+            with pytest.raises(ValueError, match="cost: .* must be a positive int"):
+                cost.chunked_delta_rule_flops(*args)
+        with pytest.raises(ValueError, match="cost: Dv must be a positive int"):
+            cost.chunked_delta_rule_flops(8, 4, 2, Dv=bad)
+        with pytest.raises(ValueError, match="cost: T must be a positive int"):
+            cost.sdpa_flops(bad, 4)
 
 
 @pytest.mark.parametrize("T,D,C", [(4096, 64, 64), (1024, 32, 16), (640, 128, 128), (8192, 128, 1)])
 def test_chunked_closed_form(T, D, C):
-    """FACTS.md: chunked linear attention ≈ 4LD² + 4LCD per head (T a multiple of C)."""
+    """Chunked linear attention: 4TD² + 4TCD flops per head for T a multiple of C (the count of
+    the module docstring: Q S and Kᵀ V, 2CD² each, and Q Kᵀ and its product with V, 2C²D each)."""
     f = cost.chunked_linear_attention_flops(T, D, C)
     assert f.state == 4 * T * D * D
     assert f.diagonal == 4 * T * C * D

@@ -370,3 +370,36 @@ def test_chunked_bad_inputs_raise_clear_errors(case):
     with pytest.raises(exc, match=pattern) as info:
         delta_rule.chunked(*args, **kwargs)
     assert str(info.value).startswith("delta_rule.chunked: ")
+
+
+def test_wy_stage_is_the_wy_factors_of_chapter_7():
+    """delta_rule.wy_stage (stage 1 of chunked) equals tinyk3.ops.wy.wy_factors chunk by chunk."""
+    from tinyk3.ops import wy
+
+    _, k, v, beta, _ = _inputs(2, 3, 6, 5, 4, torch.float64, seed=11)
+    W, U = delta_rule.wy_stage(k, v, beta.unsqueeze(-1))  # one chunk of 6 per head
+    W_ref, U_ref = wy.wy_factors(k, v, beta)
+    assert (W - W_ref).abs().max().item() <= 1e-13
+    assert (U - U_ref).abs().max().item() <= 1e-13
+    assert delta_rule._wy_stage is delta_rule.wy_stage  # the old name chapter 9 still reads
+
+
+@pytest.mark.parametrize("C", [1, 3, 4])
+def test_state_pass_records_the_recurrent_states_at_chunk_starts(C):
+    """state_pass (stage 3): S_[c] is the recurrence's state after the tokens before chunk c,
+    U'_[c] = U_[c] − W_[c] S_[c], and the last state is the recurrence's final state."""
+    B, H, T, Dk, Dv = 1, 2, 12, 4, 3
+    _, k, v, beta, S0 = _inputs(B, H, T, Dk, Dv, torch.float64, seed=12)
+    N = T // C
+    K, V, b = (x.reshape(B * H, N, C, *x.shape[3:]) for x in (k, v, beta.unsqueeze(-1)))
+    W, U = delta_rule.wy_stage(K, V, b)
+    S_all, U_new, S_N = delta_rule.state_pass(W, U, K.mT, S0.reshape(B * H, Dk, Dv))
+    assert S_all.shape == (B * H, N, Dk, Dv) and U_new.shape == (B * H, N, C, Dv)
+    for c in range(N):
+        q0 = torch.zeros(B, H, c * C, Dk, dtype=k.dtype)
+        _, S_c = delta_rule.recurrent(q0, k[:, :, : c * C], v[:, :, : c * C], beta[:, :, : c * C],
+                                      initial_state=S0)
+        assert (S_all[:, c] - S_c.reshape(B * H, Dk, Dv)).abs().max().item() <= 1e-12
+        assert (U_new[:, c] - (U[:, c] - W[:, c] @ S_all[:, c])).abs().max().item() <= 1e-12
+    _, S_T = delta_rule.recurrent(torch.zeros_like(k), k, v, beta, initial_state=S0)
+    assert (S_N - S_T.reshape(B * H, Dk, Dv)).abs().max().item() <= 1e-12

@@ -93,5 +93,7 @@ def test_bad_arguments():
     k, v, beta = _chunk(4)
     with pytest.raises(ValueError, match="method must be"):
         wy.ut_transform(k, beta, "cholesky")
-    with pytest.raises(ValueError, match="block must be >= 1"):
-        wy.block_inverse(wy.ut_matrix(k, beta), 0)
+    A = wy.ut_matrix(k, beta)
+    for bad in (0, -2, True, 2.0, "4"):  # True is an int to Python, never a block size
+        with pytest.raises(ValueError, match=r"wy.block_inverse: block must be a positive int"):
+            wy.block_inverse(A, bad)

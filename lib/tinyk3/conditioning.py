@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ._validate import positive_int
 from .ops import wy
 
 __all__ = ["chunk_keys", "condition_number", "max_relative_error", "ut_precision", "UTPrecision"]
@@ -49,6 +50,7 @@ def chunk_keys(
     """
     if kind not in KEY_KINDS:
         raise ValueError(f"kind must be one of {KEY_KINDS}, got {kind!r}")
+    n, C, D = (positive_int(x, name, "chunk_keys") for x, name in ((n, "n"), (C, "C"), (D, "D")))
     if not 0.0 <= cos < 1.0:
         raise ValueError(f"cos must be in [0, 1), got {cos}")
     z = torch.randn(n, C, D, generator=generator, dtype=dtype)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._validate import positive_int
+
 __all__ = [
     "FlopCount",
     "matmul",
@@ -65,9 +67,7 @@ class FlopCount:
 
 
 def _positive_int(x, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-        raise ValueError(f"{name} must be a positive int, got {x!r}")
-    return x
+    return positive_int(x, name, "cost")
 
 
 def matmul(m: int, k: int, n: int) -> int:
@@ -130,8 +130,9 @@ def chunked_delta_rule_flops(T: int, Dk: int, C: int, *, Dv: int | None = None) 
     masked products do the full work in PyTorch. For Dk = Dv = D and T a multiple of C this sums to
     6TD² + 10TCD + TC²/3 per head (summing the terms above over T/C chunks).
     """
-    Dv = Dk if Dv is None else Dv
-    n_chunks = -(-T // C)
+    Dk = _positive_int(Dk, "Dk")
+    Dv = Dk if Dv is None else _positive_int(Dv, "Dv")
+    n_chunks = -(-_positive_int(T, "T") // _positive_int(C, "C"))
     per_chunk = (2 * C * C * Dk + C**3 / 3 + 2 * C * C * (Dk + Dv) + 2 * C * C * Dk
                  + 3 * 2 * C * Dk * Dv + 2 * C * C * Dv)
     return n_chunks * per_chunk
@@ -140,4 +141,4 @@ def chunked_delta_rule_flops(T: int, Dk: int, C: int, *, Dv: int | None = None) 
 def sdpa_flops(T: int, D: int) -> float:
     """Matmul flops of causal softmax attention per head: ``Q Kᵀ`` and ``P V``, the lower half
     of each (``2 · 2T²D / 2``; what a causal flash kernel computes, up to the diagonal blocks)."""
-    return 2.0 * T * T * D
+    return 2.0 * _positive_int(T, "T") ** 2 * _positive_int(D, "D")

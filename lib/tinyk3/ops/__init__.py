@@ -6,6 +6,10 @@
 * :mod:`tinyk3.ops.wy` - the WY representation and the UT transform (chapter 7)
 
 No operator scales or normalises q and k itself; the layers in :mod:`tinyk3.layers` do.
+
+Every ``chunked`` form shares :mod:`tinyk3.ops._chunks`: the chunk-size check, the zero-padded
+chunk layout ``[B, H, N, C, ...]``, the initial state (zeros, or checked and cast to the
+accumulation dtype) and the in-place exclusive scan over chunks.
 """
 
 from . import delta_rule, feature_maps, linear_attention, wy

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_beta, check_qkv, check_state
+from ._checks import check_beta, check_qkv
+from ._chunks import chunk_size as check_chunk_size
+from ._chunks import from_chunks, to_chunks
+from ._chunks import initial_state as initial_state_
 
-__all__ = ["recurrent", "parallel", "chunked"]
+__all__ = ["recurrent", "parallel", "chunked", "wy_stage", "state_pass"]
 
 
 def recurrent(
@@ -44,12 +47,8 @@ def recurrent(
     op = "delta_rule.recurrent"
     B, H, T, Dk, Dv = check_qkv(q, k, v, op)
     check_beta(beta, B, H, T, q, op)
-    acc = torch.promote_types(q.dtype, torch.float32)
-    if initial_state is None:
-        S = q.new_zeros(B, H, Dk, Dv, dtype=acc)
-    else:
-        check_state(initial_state, (B, H, Dk, Dv), q, op, "initial_state")
-        S = initial_state.to(acc)
+    S = initial_state_(initial_state, (B, H, Dk, Dv), q, op)
+    acc = S.dtype
     outs = []
     for t in range(T):
         q_t, k_t, v_t = q[:, :, t].to(acc), k[:, :, t].to(acc), v[:, :, t].to(acc)  # [B, H, D]
@@ -79,20 +78,17 @@ def parallel(
         O   = Q S_0 + (Q Kᵀ ⊙ M) U          (M: j ≤ i)
         S_T = S_0 + Kᵀ U
 
-    ``O(T² D + T³)`` work with no loop over tokens: fast for short sequences, and what a chunked
-    form does inside each chunk (chapters 7 and 8 derive it). Same contract as
-    :func:`recurrent`, checked equal in ``tests/test_delta_rule.py``; differentiable.
+    ``O(T² D)`` work with no loop over tokens (the products with ``T × T`` matrices, and the
+    triangular solve, which costs ``T²`` per right-hand-side column, ``T² Dv`` in all): fast for
+    short sequences, and what a chunked form does inside each chunk (chapters 7 and 8 derive it).
+    Same contract as :func:`recurrent`, checked equal in ``tests/test_delta_rule.py``;
+    differentiable.
     """
     op = "delta_rule.parallel"
     B, H, T, Dk, Dv = check_qkv(q, k, v, op)
     check_beta(beta, B, H, T, q, op)
-    acc = torch.promote_types(q.dtype, torch.float32)
-    if initial_state is None:
-        S0 = q.new_zeros(B, H, Dk, Dv, dtype=acc)
-    else:
-        check_state(initial_state, (B, H, Dk, Dv), q, op, "initial_state")
-        S0 = initial_state.to(acc)
-    out_dtype = v.dtype
+    S0 = initial_state_(initial_state, (B, H, Dk, Dv), q, op)
+    acc, out_dtype = S0.dtype, v.dtype
     q, k, v, b = q.to(acc), k.to(acc), v.to(acc), beta.to(acc).unsqueeze(-1)  # b: [B, H, T, 1]
     eye = torch.eye(T, dtype=acc, device=q.device)
     A = eye + b * (k @ k.transpose(-1, -2)).tril(-1)  # I + diag(β) tril(K Kᵀ, −1)  [B, H, T, T]
@@ -115,84 +111,85 @@ def chunked(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunkwise DeltaNet (chapter 8; Yang et al., 2024). Same contract as :func:`recurrent`.
 
-    Per chunk of ``C`` tokens (rows ``Q_c, K_c, V_c``, write strengths ``β_c``):
+    Per chunk of ``C`` tokens (rows ``Q_[c], K_[c], V_[c]``, write strengths ``β_[c]``):
 
-        T_c     = (I + tril(diag(β_c) K_c K_cᵀ, −1))⁻¹ diag(β_c)     (the UT transform, chapter 7)
-        W_c     = T_c K_c,   U_c = T_c V_c                           (the WY factors)
-        U'_c    = U_c − W_c S_c                (the deltas the tokens write, given the state)
-        O_c     = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c                      (M: j ≤ i)
-        S_{c+1} = S_c + K_cᵀ U'_c
+        𝒯_[c]   = (I + tril(diag(β_[c]) K_[c] K_[c]ᵀ, −1))⁻¹ diag(β_[c])   (the UT transform, ch. 7)
+        W_[c]   = 𝒯_[c] K_[c],   U_[c] = 𝒯_[c] V_[c]                       (the WY factors)
+        U'_[c]  = U_[c] − W_[c] S_[c]          (the deltas the tokens write, given the state)
+        O_[c]   = Q_[c] S_[c] + Ω_[c] U'_[c],   Ω_[c] = Q_[c] K_[c]ᵀ ⊙ M   (M: j ≤ i)
+        S_[c+1] = S_[c] + K_[c]ᵀ U'_[c]
 
-    Four stages, as GPU kernels split the work (chapter 9): (1) ``T``, ``W``, ``U``
-    (:func:`_wy_stage`) and (2) the scores ``Q_c K_cᵀ ⊙ M`` of every chunk at once; (3) the
-    sequential state pass, which keeps only ``U'_c`` and ``S_c`` (two matrix products per chunk,
-    :func:`_state_pass`); (4) every chunk's output at once from the recorded ``S_c`` and ``U'_c``.
+    Four stages, as GPU kernels split the work (chapter 9): (1) ``𝒯``, ``W``, ``U``
+    (:func:`wy_stage`) and (2) the scores ``Ω_[c]`` of every chunk at once; (3) the sequential
+    state pass, which keeps only ``U'_[c]`` and ``S_[c]`` (two matrix products per chunk,
+    :func:`state_pass`); (4) every chunk's output at once from the recorded ``S_[c]`` and ``U'_[c]``.
     ``C = T`` is :func:`parallel`, ``C = 1`` the recurrence. Any ``T`` (the last chunk is
     zero-padded: padded tokens have ``k = 0, β = 0`` and change nothing). Differentiable.
     """
-    from .linear_attention import _check_chunk_size, _to_chunks
-
     op = "delta_rule.chunked"
     B, H, T, Dk, Dv = check_qkv(q, k, v, op)
     check_beta(beta, B, H, T, q, op)
-    C = _check_chunk_size(chunk_size, op)
-    acc, out_dtype = torch.promote_types(q.dtype, torch.float32), v.dtype
-    if initial_state is None:
-        S = q.new_zeros(B * H, Dk, Dv, dtype=acc)
-    else:
-        check_state(initial_state, (B, H, Dk, Dv), q, op, "initial_state")
-        S = initial_state.to(acc).reshape(B * H, Dk, Dv)
+    C = check_chunk_size(chunk_size, op)
+    S = initial_state_(initial_state, (B, H, Dk, Dv), q, op).reshape(B * H, Dk, Dv)
+    acc, out_dtype = S.dtype, v.dtype
     if T == 0:
-        return v.new_zeros(B, H, 0, Dv), S.view(B, H, Dk, Dv)
+        return v.new_zeros(B, H, 0, Dv), S.view(B, H, Dk, Dv).clone()
     # [B, H, T, D] -> [B·H, N, C, D]: N = ⌈T / C⌉ chunks of C tokens, heads side by side
-    Q, K, V = (_to_chunks(t.to(acc), C).flatten(0, 1) for t in (q, k, v))
-    b = _to_chunks(beta.to(acc).unsqueeze(-1), C).flatten(0, 1)  # β_c as a column  [BH, N, C, 1]
-    Kt = K.transpose(-1, -2)  # K_cᵀ                                                [BH, N, Dk, C]
+    Q, K, V = (to_chunks(t.to(acc), C).flatten(0, 1) for t in (q, k, v))
+    b = to_chunks(beta.to(acc).unsqueeze(-1), C).flatten(0, 1)  # β_[c] as a column [BH, N, C, 1]
+    Kt = K.transpose(-1, -2)  # K_[c]ᵀ                                              [BH, N, Dk, C]
 
-    # (1) W_c = T_c K_c, U_c = T_c V_c, every chunk at once     [BH, N, C, Dk], [BH, N, C, Dv]
-    W, U = _wy_stage(K, V, b)
+    # (1) W_[c] = 𝒯_[c] K_[c], U_[c] = 𝒯_[c] V_[c], every chunk at once  [BH, N, C, Dk], [BH, N, C, Dv]
+    W, U = wy_stage(K, V, b)
     # (2) the scores inside every chunk
     causal = torch.ones(C, C, dtype=acc, device=q.device).tril()  # M: j ≤ i
-    scores = (Q @ Kt) * causal  # Q_c K_cᵀ ⊙ M                                    [BH, N, C, C]
-    # (3) the sequential pass: every chunk's starting state S_c and deltas U'_c
-    S_all, U_new, S = _state_pass(W, U, Kt, S)  # [BH, N, Dk, Dv], [BH, N, C, Dv], [BH, Dk, Dv]
-    # (4) O_c = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c, every chunk at once
+    scores = (Q @ Kt) * causal  # Ω_[c] = Q_[c] K_[c]ᵀ ⊙ M                        [BH, N, C, C]
+    # (3) the sequential pass: every chunk's starting state S_[c] and deltas U'_[c]
+    S_all, U_new, S = state_pass(W, U, Kt, S)  # [BH, N, Dk, Dv], [BH, N, C, Dv], [BH, Dk, Dv]
+    # (4) O_[c] = Q_[c] S_[c] + Ω_[c] U'_[c], every chunk at once
     o = Q @ S_all + scores @ U_new  # [BH, N, C, Dv]
-    o = o.view(B, H, -1, Dv)[:, :, :T]  # [B, H, T, Dv]
+    o = from_chunks(o.view(B, H, *o.shape[1:]), T)  # [B, H, T, Dv]
     return o.to(out_dtype), S.view(B, H, Dk, Dv)
 
 
-def _wy_stage(K: torch.Tensor, V: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def wy_stage(K: torch.Tensor, V: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1 of :func:`chunked`, for every chunk at once: the UT transform and the WY factors
 
-        T_c = (I + tril(diag(β_c) K_c K_cᵀ, −1))⁻¹ diag(β_c),   W_c = T_c K_c,   U_c = T_c V_c
+        𝒯 = (I + tril(diag(β) K Kᵀ, −1))⁻¹ diag(β),   W = 𝒯 K,   U = 𝒯 V      (one chunk)
 
-    ``K [..., C, Dk]``, ``V [..., C, Dv]``, ``b [..., C, 1]`` (β as a column). The triangular solve
-    reads only the strictly lower triangle of its matrix and takes its diagonal as ones
-    (``unitriangular``), so ``diag(β) K Kᵀ`` goes in unmasked, and the right-hand side
-    ``diag(β)`` gives ``A⁻¹ diag(β)`` directly. (:func:`tinyk3.ops.wy.wy_factors` computes the same.)
+    ``K [..., C, Dk]``, ``V [..., C, Dv]``, ``b [..., C, 1]`` (β as a column); returns
+    ``W [..., C, Dk]`` and ``U [..., C, Dv]``. The triangular solve reads only the strictly lower
+    triangle of its matrix and takes its diagonal as ones (``unitriangular``), so
+    ``diag(β) K Kᵀ`` goes in unmasked, and the right-hand side ``diag(β)`` gives
+    ``A⁻¹ diag(β)`` directly. :func:`tinyk3.ops.wy.wy_factors` computes the same (chapter 7).
     """
     A = (b * K) @ K.transpose(-1, -2)  # diag(β) K Kᵀ; only its strictly lower part is read  [..., C, C]
     T = torch.linalg.solve_triangular(A, torch.diag_embed(b.squeeze(-1)), upper=False, unitriangular=True)
-    return T @ K, T @ V
+    return T @ K, T @ V  # T here is the UT matrix 𝒯 (not the length)
 
 
-def _state_pass(
+def state_pass(
     W: torch.Tensor, U: torch.Tensor, Kt: torch.Tensor, S: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The sequential stage of :func:`chunked`: for ``c = 0 .. N−1``
+    """Stage 3 of :func:`chunked`, the sequential one: for ``c = 0 .. N−1``
 
-        U'_c    = U_c − W_c S_c
-        S_{c+1} = S_c + K_cᵀ U'_c
+        U'_[c]  = U_[c] − W_[c] S_[c]
+        S_[c+1] = S_[c] + K_[c]ᵀ U'_[c]
 
     Two batched matrix products per chunk (``torch.baddbmm``: ``input + α · batch1 @ batch2``).
-    ``W [BH, N, C, Dk]``, ``U [BH, N, C, Dv]``, ``Kt [BH, N, Dk, C]``, ``S [BH, Dk, Dv]`` (``S_0``).
-    Returns every ``S_c`` ``[BH, N, Dk, Dv]``, every ``U'_c`` ``[BH, N, C, Dv]`` and ``S_N``.
+    ``W [BH, N, C, Dk]``, ``U [BH, N, C, Dv]``, ``Kt [BH, N, Dk, C]`` (``K_[c]ᵀ``), ``S [BH, Dk, Dv]``
+    (``S_[0]``). Returns every ``S_[c]`` ``[BH, N, Dk, Dv]``, every ``U'_[c]`` ``[BH, N, C, Dv]``
+    and the final state ``S_[N]`` ``[BH, Dk, Dv]``.
     """
     states, deltas = [], []
     for c in range(W.shape[1]):
-        states.append(S)  # S_c
-        u = torch.baddbmm(U[:, c], W[:, c], S, alpha=-1)  # U'_c = U_c − W_c S_c       [BH, C, Dv]
+        states.append(S)  # S_[c]
+        u = torch.baddbmm(U[:, c], W[:, c], S, alpha=-1)  # U'_[c] = U_[c] − W_[c] S_[c]  [BH, C, Dv]
         deltas.append(u)
-        S = torch.baddbmm(S, Kt[:, c], u)  # S_{c+1} = S_c + K_cᵀ U'_c               [BH, Dk, Dv]
+        S = torch.baddbmm(S, Kt[:, c], u)  # S_[c+1] = S_[c] + K_[c]ᵀ U'_[c]           [BH, Dk, Dv]
     return torch.stack(states, dim=1), torch.stack(deltas, dim=1), S
+
+
+# The names chapter 9 and tools/ used before these stages were public.
+_wy_stage = wy_stage
+_state_pass = state_pass

@@ -21,29 +21,31 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_qkv, check_state
+from ._checks import check_qkv
+from ._chunks import chunk_size as check_chunk_size
+from ._chunks import exclusive_scan_, from_chunks, to_chunks
+from ._chunks import initial_state as initial_state_
 
 __all__ = ["recurrent", "parallel", "chunked"]
 
 
 def _initial(initial_state, normalize, B, H, Dk, Dv, like, op):
-    """Zero state, or the given one checked and cast to float32+ for accumulation."""
-    acc = torch.promote_types(like.dtype, torch.float32)
-    if initial_state is None:
-        S = like.new_zeros(B, H, Dk, Dv, dtype=acc)
-        z = like.new_zeros(B, H, Dk, dtype=acc) if normalize else None
-        return S, z
-    if normalize:
-        if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
-            raise TypeError(f"{op}: with normalize=True, initial_state must be the pair (S, z)")
-        S, z = initial_state
-        check_state(z, (B, H, Dk), like, op, "initial z")
-    else:
+    """Zero state, or the given one checked and cast to float32+ for accumulation: ``(S, z)``,
+    ``z`` None without the normaliser."""
+    if initial_state is None or not normalize:
         if isinstance(initial_state, (tuple, list)):
             raise TypeError(f"{op}: with normalize=False, initial_state is S alone, not a pair")
-        S, z = initial_state, None
-    check_state(S, (B, H, Dk, Dv), like, op, "initial_state S")
-    return S.to(acc), None if z is None else z.to(acc)
+        S = initial_state_(initial_state, (B, H, Dk, Dv), like, op, "initial_state S")
+        z = initial_state_(None, (B, H, Dk), like, op) if normalize else None
+        return S, z
+    if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
+        raise TypeError(f"{op}: with normalize=True, initial_state must be the pair (S, z)")
+    S, z = initial_state
+    for name, x in (("initial_state S", S), ("initial z", z)):
+        if x is None:  # None would mean "zeros" to initial_state_; in a pair it is a mistake
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got NoneType")
+    z = initial_state_(z, (B, H, Dk), like, op, "initial z")
+    return initial_state_(S, (B, H, Dk, Dv), like, op, "initial_state S"), z
 
 
 def recurrent(
@@ -105,21 +107,6 @@ def parallel(
     return o.to(out_dtype), S
 
 
-def _check_chunk_size(chunk_size, op: str) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"{op}: chunk_size must be a positive int, got {chunk_size!r}")
-    return chunk_size
-
-
-def _to_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
-    """``[B, H, T, D]`` → ``[B, H, N, C, D]``, zero-padding the last chunk (``N = ⌈T / C⌉``)."""
-    B, H, T, D = x.shape
-    pad = (-T) % C
-    if pad:
-        x = torch.cat([x, x.new_zeros(B, H, pad, D)], dim=2)
-    return x.view(B, H, (T + pad) // C, C, D)
-
-
 def chunked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -133,35 +120,37 @@ def chunked(
     """Chunkwise form (chapter 6): quadratic attention inside chunks of ``C`` tokens, the state
     across them. Same contract as :func:`recurrent`; any ``T`` (the last chunk may be short).
 
-    For chunk ``c`` with rows ``Q_c, K_c, V_c`` and the state ``S_c`` left by the chunks before:
+    For chunk ``c`` with rows ``Q_[c], K_[c], V_[c]`` and the state ``S_[c]`` left by the chunks
+    before:
 
-        O_c     = Q_c S_c + (Q_c K_cᵀ ⊙ M) V_c        (inter-chunk + intra-chunk)
-        S_{c+1} = S_c + K_cᵀ V_c
+        O_[c]   = Q_[c] S_[c] + (Q_[c] K_[c]ᵀ ⊙ M) V_[c]        (inter-chunk + intra-chunk)
+        S_[c+1] = S_[c] + K_[c]ᵀ V_[c]
 
-    The states ``S_c`` are an exclusive prefix sum of the per-chunk ``K_cᵀ V_c``, so every chunk
-    is computed at once: ``O(T C D + T D²)`` work in matrix products. ``C = 1`` is the
-    recurrence, ``C ≥ T`` the parallel form.
+    The states ``S_[c]`` are an exclusive prefix sum of the per-chunk ``K_[c]ᵀ V_[c]``: every
+    product is computed at once (one batched product), the sum runs over the chunks in place
+    (:func:`tinyk3.ops._chunks.exclusive_scan_`, one ``Dk × Dv`` addition per chunk), and every
+    chunk's output is again computed at once. ``O(T C D + T D²)`` work in matrix products.
+    ``C = 1`` is the recurrence, ``C ≥ T`` the parallel form.
     """
     op = "linear_attention.chunked"
     B, H, T, Dk, Dv = check_qkv(q, k, v, op)
-    C = _check_chunk_size(chunk_size, op)
+    C = check_chunk_size(chunk_size, op)
     S0, z0 = _initial(initial_state, normalize, B, H, Dk, Dv, q, op)
     acc, out_dtype = S0.dtype, v.dtype
-    Qc, Kc, Vc = (_to_chunks(t.to(acc), C) for t in (q, k, v))  # [B, H, N, C, D]
-    kv = Kc.transpose(-1, -2) @ Vc  # K_cᵀ V_c per chunk                 [B, H, N, Dk, Dv]
-    S_all = torch.cat([S0.unsqueeze(2), S0.unsqueeze(2) + kv.cumsum(dim=2)], dim=2)  # [B, H, N+1, Dk, Dv]
-    S_before = S_all[:, :, :-1]  # the state each chunk starts from        [B, H, N, Dk, Dv]
-    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # M: j ≤ i
-    scores = (Qc @ Kc.transpose(-1, -2)).masked_fill(~mask, 0.0)  # Q_c K_cᵀ ⊙ M  [B, H, N, C, C]
-    o = Qc @ S_before + scores @ Vc  # [B, H, N, C, Dv]
-    S = S_all[:, :, -1]  # [B, H, Dk, Dv]
+    Qc, Kc, Vc = (to_chunks(t.to(acc), C) for t in (q, k, v))  # [B, H, N, C, D]
+    states = Kc.transpose(-1, -2) @ Vc  # every K_[c]ᵀ V_[c] at once        [B, H, N, Dk, Dv]
+    S = exclusive_scan_(states, S0)  # now states[:, :, c] = S_[c]; S = S_[N], the final state
+    # in place where a copy would cost a pass over memory: at large C the N score blocks are
+    # large, and at small C the N states are
+    scores = (Qc @ Kc.transpose(-1, -2)).tril_()  # Q_[c] K_[c]ᵀ ⊙ M          [B, H, N, C, C]
+    o = Qc @ states  # Q_[c] S_[c]: the earlier chunks                     [B, H, N, C, Dv]
+    o += scores @ Vc  # + (Q_[c] K_[c]ᵀ ⊙ M) V_[c]: this chunk
     if normalize:
-        kz = Kc.sum(dim=3)  # Σ of each chunk's keys                         [B, H, N, Dk]
-        z_all = torch.cat([z0.unsqueeze(2), z0.unsqueeze(2) + kz.cumsum(dim=2)], dim=2)
-        z_before = z_all[:, :, :-1]  # [B, H, N, Dk]
-        denom = (Qc @ z_before.unsqueeze(-1)) + scores.sum(-1, keepdim=True)  # q_t · z_t [B, H, N, C, 1]
+        zs = Kc.sum(dim=3)  # 1ᵀ K_[c], the sum of each chunk's keys           [B, H, N, Dk]
+        z = exclusive_scan_(zs, z0)  # zs[:, :, c] = z_[c]
+        denom = (Qc @ zs.unsqueeze(-1)) + scores.sum(-1, keepdim=True)  # q_t · z_t [B, H, N, C, 1]
         o = o / (denom + eps)
-    o = o.reshape(B, H, -1, Dv)[:, :, :T]  # drop the padding              [B, H, T, Dv]
+    o = from_chunks(o, T)  # drop the padding                                [B, H, T, Dv]
     if normalize:
-        return o.to(out_dtype), (S, z_all[:, :, -1])
+        return o.to(out_dtype), (S, z)
     return o.to(out_dtype), S

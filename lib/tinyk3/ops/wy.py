@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from .._validate import positive_int
+
 __all__ = [
     "transition_product",
     "ut_matrix",
@@ -84,8 +86,7 @@ def block_inverse(A: torch.Tensor, block: int = 16) -> torch.Tensor:
     inverses are cheap and the merges are matrix products. ``C`` need not be a power of two.
     """
     C = A.shape[-1]
-    if block < 1:
-        raise ValueError(f"block must be >= 1, got {block}")
+    block = positive_int(block, "block", "wy.block_inverse")
     inv = torch.zeros_like(A)
     for s in range(0, C, block):  # invert the diagonal blocks
         e = min(s + block, C)
