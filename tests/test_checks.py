@@ -16,17 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from learner_answers import flat
+from helpers import assert_caught, assert_failed, assert_passes, assert_two_named_wrong_answers, flat, run
 from tinyk3 import checks
 from tinyk3.checks import CheckResult
 
 EXERCISE_IDS = sorted(checks.EXERCISES)
 MISTAKES = [(eid, m.name) for eid in EXERCISE_IDS for m in checks.EXERCISES[eid].mistakes]
 STATUSES = ("passed", "failed", "error", "not attempted")
-
-
-def run(exercise_id, fn):
-    return checks.run(exercise_id, fn, verbose=False)
 
 
 def _equal(a, b):
@@ -45,21 +41,31 @@ def _reference_output(exercise_id, case_index=0):
     return ex.reference(*case.args, **case.kwargs)
 
 
-def _assert_failed(result, mistake=None):
-    assert result.status == "failed", result.report
-    assert not result
-    assert result.mistake == mistake, result.report
-    assert 0 <= result.n_passed < result.n_cases
-    assert result.failed_case is not None
-    assert "Hint: " in result.report
-
-
 # == the registry ==============================================================================
 
 def test_registry_holds_the_course_exercises():
     expected = {"gpt2.causal_attention", "gpt2.param_count", "gpt2.top_k_logits",
                 "kv_cache.attend_with_cache", "kv_cache.cache_bytes"}
     assert expected <= set(EXERCISE_IDS)
+
+
+def test_each_chapters_exercises_live_in_its_module():
+    """checks/chNN_topic.py registers exactly the exercises whose chapter is NN."""
+    import re
+    from pathlib import Path
+
+    folder = Path(checks.__file__).parent
+    modules = sorted(p for p in folder.glob("*.py") if p.stem not in ("__init__", "core"))
+    by_module = {}
+    for path in modules:
+        match = re.fullmatch(r"ch(\d\d)_\w+", path.stem)
+        assert match, f"checks/{path.name} is not named after its chapter (chNN_topic.py)"
+        ids = re.findall(r'^    id="([^"]+)"', path.read_text(), re.MULTILINE)
+        assert ids, f"checks/{path.name} registers no exercise"
+        by_module[path.stem] = ids
+        for exercise_id in ids:
+            assert checks.EXERCISES[exercise_id].chapter == int(match.group(1)), exercise_id
+    assert sorted(i for ids in by_module.values() for i in ids) == sorted(EXERCISE_IDS)
 
 
 @pytest.mark.parametrize("exercise_id", EXERCISE_IDS)
@@ -109,7 +115,7 @@ def test_at_least_two_mistakes(exercise_id):
 def test_each_registered_mistake_is_recognised(exercise_id, name, capsys):
     mistake = next(m for m in checks.EXERCISES[exercise_id].mistakes if m.name == name)
     result = checks.run(exercise_id, mistake.fn)
-    _assert_failed(result, mistake=name)
+    assert_failed(result, mistake=name)
     report = capsys.readouterr().out
     assert flat(f"Hint: {mistake.hint}") in flat(report)  # printed wrapped to 88 columns
     assert f"case {result.failed_case}" in flat(report)
@@ -263,7 +269,7 @@ def test_exception_before_the_first_value_failure(exercise_id):
 @pytest.mark.parametrize("exercise_id", EXERCISE_IDS)
 def test_returning_none(exercise_id, capsys):
     result = checks.run(exercise_id, lambda *a, **k: None)
-    _assert_failed(result)
+    assert_failed(result)
     assert result.n_passed == 0 and result.failed_case == 1
     assert "returned None: did you forget a `return`?" in flat(capsys.readouterr().out)
 
@@ -322,7 +328,7 @@ def test_within_tolerance_passes(exercise_id):
 @pytest.mark.parametrize("exercise_id", TENSOR_EXERCISES)
 def test_value_mismatch_reports_distance(exercise_id, capsys):
     result = checks.run(exercise_id, _shifted(exercise_id, 0.01))
-    _assert_failed(result)
+    assert_failed(result)
     assert result.failed_case == 1 and result.n_passed == 0
     assert result.max_abs_error == pytest.approx(0.01, rel=1e-3)
     out = flat(capsys.readouterr().out)
@@ -334,7 +340,7 @@ def test_value_mismatch_reports_distance(exercise_id, capsys):
 def test_wrong_shape(exercise_id):
     ref = checks.EXERCISES[exercise_id].reference
     result = run(exercise_id, lambda *a: ref(*a)[..., :1])
-    _assert_failed(result)
+    assert_failed(result)
     assert "wrong shape: expected [" in result.report
 
 
@@ -342,7 +348,7 @@ def test_wrong_shape(exercise_id):
 def test_wrong_dtype(exercise_id):
     ref = checks.EXERCISES[exercise_id].reference
     result = run(exercise_id, lambda *a: ref(*a).to(torch.float16))
-    _assert_failed(result)
+    assert_failed(result)
     assert "wrong dtype: expected torch.float" in result.report and "float16" in result.report
 
 
@@ -358,7 +364,7 @@ def test_nan_or_inf_in_output(exercise_id, bad):
         return out
 
     result = run(exercise_id, poisoned)
-    _assert_failed(result)
+    assert_failed(result)
     assert result.failed_case == 1
     expected = _reference_output(exercise_id)
     where = tuple(int(i) for i in torch.nonzero(torch.isfinite(expected))[0])
@@ -382,7 +388,7 @@ def test_nan_rows_are_counted():
         return out
 
     result = run("gpt2.causal_attention", last_row_nan)
-    _assert_failed(result)
+    assert_failed(result)
     assert "output has 16 NaN and 0 inf values (first at (0, 0, 4, 0))" in result.report  # H·D
 
 
@@ -390,7 +396,7 @@ def test_nan_rows_are_counted():
 def test_tuple_instead_of_tensor(exercise_id):
     ref = checks.EXERCISES[exercise_id].reference
     result = run(exercise_id, lambda *a: (ref(*a), None))
-    _assert_failed(result)
+    assert_failed(result)
     assert "expected a tensor [" in result.report and "got tuple of 2" in result.report
 
 
@@ -399,7 +405,7 @@ def test_list_and_numpy_instead_of_tensor(exercise_id):
     ref = checks.EXERCISES[exercise_id].reference
     for convert, name in ((lambda t: t.tolist(), "list"), (lambda t: t.numpy(), "ndarray")):
         result = run(exercise_id, lambda *a, convert=convert: convert(ref(*a)))
-        _assert_failed(result)
+        assert_failed(result)
         assert f"got {name}" in result.report
 
 
@@ -422,7 +428,7 @@ def test_int_exercises_accept_equal_float_and_0d_tensor(exercise_id):
 def test_int_exercises_report_the_difference(exercise_id):
     ref = checks.EXERCISES[exercise_id].reference
     result = run(exercise_id, lambda *a: ref(*a) + 1000)
-    _assert_failed(result)
+    assert_failed(result)
     assert "(off by +1,000)" in result.report
     expected = ref(*checks.EXERCISES[exercise_id].cases()[0].args)
     assert f"expected {expected:,}" in result.report
@@ -438,7 +444,7 @@ def test_int_exercises_report_the_difference(exercise_id):
 @pytest.mark.parametrize("exercise_id", INT_EXERCISES)
 def test_int_exercises_wrong_types(exercise_id, answer, phrase):
     result = run(exercise_id, answer)
-    _assert_failed(result)
+    assert_failed(result)
     assert phrase in result.report
 
 
@@ -450,10 +456,10 @@ def test_int_exercises_accept_numpy_integers(exercise_id):
     assert run(exercise_id, lambda *a: np.float64(ref(*a)))
     assert run(exercise_id, lambda *a: np.array(ref(*a)))  # 0-d array
     result = run(exercise_id, lambda *a: np.int64(ref(*a) + 1000))
-    _assert_failed(result)
+    assert_failed(result)
     assert "(off by +1,000)" in result.report
     result = run(exercise_id, lambda *a: np.array([ref(*a)]))  # 1-d: not a number
-    _assert_failed(result)
+    assert_failed(result)
     assert "expected an int, got ndarray" in result.report
 
 
@@ -521,7 +527,7 @@ def test_mutation_does_not_confuse_mistake_matching():
             t.mul_(-7.0)
         return out
 
-    _assert_failed(run("gpt2.causal_attention", unscaled_then_wrecks), mistake="no_scale")
+    assert_failed(run("gpt2.causal_attention", unscaled_then_wrecks), mistake="no_scale")
 
 
 def test_in_place_masked_fill_on_the_logits_passes():
@@ -890,34 +896,25 @@ CORRECT = [
 @pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
                          ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
 def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    result = checks.run(exercise_id, fn)
-    _assert_failed(result, mistake=mistake)
-    out = capsys.readouterr().out
-    ex = checks.EXERCISES[exercise_id]
-    hint = next(m.hint for m in ex.mistakes if m.name == mistake) if mistake else ex.hint
-    assert flat(f"Hint: {hint}") in flat(out)
-    assert f"First failure: case {result.failed_case}" in flat(out)
+    assert_caught(exercise_id, fn, mistake, capsys)
 
 
-def test_every_exercise_has_two_realistic_wrong_answers_matching_a_mistake():
-    matched = {}
-    for exercise_id, _, mistake in REALISTIC:
-        matched.setdefault(exercise_id, set()).add(mistake)
-    for exercise_id in ("gpt2.causal_attention", "gpt2.param_count", "gpt2.top_k_logits",
-                        "kv_cache.attend_with_cache", "kv_cache.cache_bytes"):
-        assert len(matched[exercise_id] - {None}) >= 2
+@pytest.mark.parametrize("chapter,ids", [
+    (1, ["gpt2.causal_attention", "gpt2.param_count", "gpt2.top_k_logits"]),
+    (2, ["kv_cache.attend_with_cache", "kv_cache.cache_bytes"]),
+])
+def test_every_exercise_has_two_realistic_wrong_answers_matching_a_mistake(chapter, ids):
+    assert_two_named_wrong_answers(chapter, ids, REALISTIC)
 
 
 @pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{f.__name__}" for e, f in CORRECT])
 def test_realistic_correct_answer_passes(exercise_id, fn):
-    result = run(exercise_id, fn)
-    assert result, result.report
-    assert result.n_passed == result.n_cases
+    assert_passes(exercise_id, fn)
 
 
 def test_float32_buffer_fails_only_the_float64_case():
     result = run("gpt2.causal_attention", att_loop_into_float32_buffer)
-    _assert_failed(result)
+    assert_failed(result)
     assert result.n_passed == result.n_cases - 1 == result.failed_case - 1
     assert "float64 inputs: keep the dtype" in result.report
     assert "wrong dtype: expected torch.float64, got torch.float32" in result.report
@@ -936,7 +933,7 @@ def test_hard_coded_mask_size_is_an_error_on_the_long_case():
 
 def test_returning_weights_too_is_a_tuple_failure():
     result = run("gpt2.causal_attention", att_returns_weights_too)
-    _assert_failed(result)
+    assert_failed(result)
     assert result.failed_case == 1 and result.n_passed == 0
     assert "got tuple of 2: (tensor [1, 2, 5, 8] float32, tensor [1, 2, 5, 5] float32)" in (
         result.report)
@@ -953,7 +950,7 @@ def test_top_k_without_keepdim_crashes_with_a_broadcast_error():
 
 def test_big_negative_instead_of_minus_inf_names_both_counts():
     result = run("gpt2.top_k_logits", tk_big_negative_not_inf)
-    _assert_failed(result)  # general hint: no registered mistake
+    assert_failed(result)  # general hint: no registered mistake
     assert (result.failed_case, result.max_abs_error) == (1, math.inf)
     assert ("expected 9 non-finite entries (inf or NaN), yours has 0; first difference at "
             "(0, 0): expected -inf, got -1e+09") in result.report

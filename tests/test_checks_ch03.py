@@ -1,4 +1,4 @@
-"""Chapter 3 exercises (tinyk3.checks.linear_attention): realistic learner answers, written by
+"""Chapter 3 exercises (tinyk3.checks.ch03_linear_attention): realistic learner answers, written by
 hand the way learners write them (loops, einsum, cumsum), independent of the registered
 Mistake functions. Wrong ones must fail with the expected mistake's hint (or the general hint
 where no registered mistake explains them); right ones, in several styles, must pass.
@@ -12,22 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from learner_answers import assert_caught, assert_passes
+from helpers import assert_caught, assert_passes, run
 from tinyk3 import checks
-
-
-def run(exercise_id, fn):
-    return checks.run(exercise_id, fn, verbose=False)
-
-
-def _assert_failed(result, mistake=None):
-    assert result.status == "failed", result.report
-    assert not result
-    assert result.mistake == mistake, result.report
-    assert 0 <= result.n_passed < result.n_cases
-    assert result.failed_case is not None
-    assert "Hint: " in result.report
-
 
 # -- linear_attention.parallel: (q kᵀ ⊙ M) v, no normaliser ------------------------------------
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from learner_answers import assert_caught, assert_failed, assert_passes, assert_two_named_wrong_answers
+from helpers import assert_caught, assert_failed, assert_passes, assert_two_named_wrong_answers
 from tinyk3 import checks
 from tinyk3.ops import delta_rule
 

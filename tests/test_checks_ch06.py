@@ -1,4 +1,4 @@
-"""Chapter 6 exercises (tinyk3.checks.chunked): realistic learner answers, written by hand the
+"""Chapter 6 exercises (tinyk3.checks.ch06_chunked): realistic learner answers, written by hand the
 way learners write them (chunk loops, padding and reshapes, cumsum), independent of the
 registered Mistake functions. Wrong ones must fail with the expected mistake's hint; right
 ones, in several styles, must pass.
@@ -12,13 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from learner_answers import assert_passes, flat
+from helpers import assert_caught, assert_passes, assert_two_named_wrong_answers, run
 from tinyk3 import checks
-
-
-def run(exercise_id, fn):
-    return checks.run(exercise_id, fn, verbose=False)
-
 
 # -- chunked.linear_attention ----------------------------------------------------------------------
 
@@ -216,21 +211,11 @@ def test_chapter_6_exercises_are_registered():
 @pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
                          ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
 def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    result = checks.run(exercise_id, fn)
-    assert result.status in ("failed", "error"), result.report
-    assert not result
-    assert result.mistake == mistake, result.report
-    out = capsys.readouterr().out
-    hint = next(m.hint for m in checks.EXERCISES[exercise_id].mistakes if m.name == mistake)
-    assert flat(f"Hint: {hint}") in flat(out)
+    assert_caught(exercise_id, fn, mistake, capsys)
 
 
 def test_every_exercise_has_two_realistic_wrong_answers_matching_a_mistake():
-    matched = {}
-    for exercise_id, _, mistake in REALISTIC:
-        matched.setdefault(exercise_id, set()).add(mistake)
-    for exercise_id in CH6:
-        assert len(matched[exercise_id] - {None}) >= 2
+    assert_two_named_wrong_answers(6, sorted(CH6), REALISTIC)
 
 
 @pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{f.__name__}" for e, f in CORRECT])

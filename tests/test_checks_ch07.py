@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner_answers import assert_caught, assert_passes, assert_two_named_wrong_answers
+from helpers import assert_caught, assert_passes, assert_two_named_wrong_answers
 from tinyk3 import checks
 
 # -- wy.forward_substitution ----------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from learner_answers import assert_caught, assert_passes, assert_two_named_wrong_answers
+from helpers import assert_caught, assert_passes, assert_two_named_wrong_answers
 from tinyk3 import checks
 from tinyk3.ops import wy
 

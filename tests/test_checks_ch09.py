@@ -8,12 +8,19 @@ registered mistake explains the bug (then the exercise's general hint must be sh
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
-from learner_answers import assert_caught, assert_passes, assert_two_named_wrong_answers
+from helpers import assert_caught, assert_passes, assert_two_named_wrong_answers, flat
 from tinyk3 import checks
+
+# The output-stage exercise runs Triton kernels: rerun with Triton hidden by `make unit-no-triton`.
+pytestmark = pytest.mark.triton
 
 # -- kernel.tile_offsets --------------------------------------------------------------------------
 
@@ -188,7 +195,11 @@ def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
 
 
 def test_every_chapter_9_exercise_has_two_hand_written_wrong_answers():
-    assert_two_named_wrong_answers(9, ["kernel.state_pass_block", "kernel.tile_offsets"], REALISTIC)
+    # kernel.output_stage's wrong answers are Triton kernels, caught further down
+    realistic = REALISTIC + [("kernel.output_stage", None, m)
+                             for m in ("no_causal_mask", "strict_mask")]
+    assert_two_named_wrong_answers(9, ["kernel.output_stage", "kernel.state_pass_block",
+                                       "kernel.tile_offsets"], realistic)
 
 
 @pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{i}" for i, (e, _) in enumerate(CORRECT)])
@@ -221,3 +232,219 @@ def test_the_blocks_of_a_state_pass_make_up_the_whole_pass():
     for j, part in enumerate(whole):
         joined = torch.cat([b[j] for b in blocks], dim=-1)
         assert (joined - part).abs().max() <= 1e-6
+
+
+# -- kernel.output_stage: Triton kernels, run under the interpreter --------------------------------
+# Written as a learner would, each with one bug; ``body`` holds everything but the bug.
+
+from tinyk3.checks import ch09_kernel as ck  # noqa: E402
+from tinyk3.kernels import AVAILABLE as TRITON  # noqa: E402
+
+if TRITON:
+    import triton.language as tl
+
+needs_triton = pytest.mark.skipif(not TRITON, reason="Triton is not installed")
+
+
+def _out_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, BUG: tl.constexpr):
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    rows = tl.arange(0, BC)
+    t = i_c * BC + rows
+    dk = tl.arange(0, BK)
+    dv = tl.arange(0, BV)
+    keep_t = t < T
+    qk_mask = keep_t[:, None] & (dk[None, :] < Dk)
+    tv_mask = keep_t[:, None] & (dv[None, :] < Dv)
+    Q = tl.load(q + i_bh * T * Dk + t[:, None] * Dk + dk[None, :], mask=qk_mask, other=0.0)
+    K = tl.load(k + i_bh * T * Dk + t[:, None] * Dk + dk[None, :], mask=qk_mask, other=0.0)
+    chunk = i_bh * NT + i_c
+    if BUG == "state_without_chunk":
+        chunk = i_bh * NT
+    if BUG == "state_one_back":
+        chunk = i_bh * NT + i_c - 1
+    S = tl.load(states + chunk * Dk * Dv + dk[:, None] * Dv + dv[None, :],
+                mask=(dk[:, None] < Dk) & (dv[None, :] < Dv), other=0.0)
+    p_u = u_new + i_bh * T * Dv + t[:, None] * Dv + dv[None, :]
+    if BUG == "u_no_mask":
+        U = tl.load(p_u)
+    else:
+        U = tl.load(p_u, mask=tv_mask, other=0.0)
+    A = tl.dot(Q, tl.trans(K), input_precision="ieee")
+    if BUG == "strict":
+        A = tl.where(rows[:, None] > rows[None, :], A, 0.0)
+    elif BUG != "no_causal":
+        A = tl.where(rows[:, None] >= rows[None, :], A, 0.0)
+    out = tl.dot(Q, S, input_precision="ieee") + tl.dot(A, U, input_precision="ieee")
+    if BUG == "nan":
+        out = out / (out - out)
+    p_o = o + i_bh * T * Dv + t[:, None] * Dv + dv[None, :]
+    if BUG == "store_no_mask":
+        tl.store(p_o, out)
+    else:
+        tl.store(p_o, out, mask=tv_mask)
+
+
+# one module-level kernel per bug: the interpreter re-reads a kernel's source by its name
+def kernel_no_causal(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr):
+    _out_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC, BK, BV, "no_causal")
+
+
+def kernel_strict(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, BK: tl.constexpr,
+                 BV: tl.constexpr):
+    _out_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC, BK, BV, "strict")
+
+
+def kernel_state_without_chunk(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, BK: tl.constexpr,
+                              BV: tl.constexpr):
+    _out_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC, BK, BV, "state_without_chunk")
+
+
+def kernel_state_one_back(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, BK: tl.constexpr,
+                         BV: tl.constexpr):
+    _out_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC, BK, BV, "state_one_back")
+
+
+def kernel_u_no_mask(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr):
+    _out_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC, BK, BV, "u_no_mask")
+
+
+def kernel_nan(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, BK: tl.constexpr,
+              BV: tl.constexpr):
+    _out_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC, BK, BV, "nan")
+
+
+def kernel_store_no_mask(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, BK: tl.constexpr,
+                        BV: tl.constexpr):
+    _out_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC, BK, BV, "store_no_mask")
+
+
+def kernel_none(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr):
+    _out_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC, BK, BV, "none")
+
+
+def _with_bug(bug):
+    return globals()[f"kernel_{bug}"]
+
+
+def ok_int64_and_float_mask(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr,
+                            BK: tl.constexpr, BV: tl.constexpr):
+    """Correct, written differently: int64 head index, the causal mask as a 0/1 factor."""
+    i_c = tl.program_id(0)
+    i_bh = tl.cast(tl.program_id(1), tl.int64)
+    o_i = tl.arange(0, BC)
+    o_t = i_c * BC + o_i
+    o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
+    m_q = (o_t[:, None] < T) & (o_k[None, :] < Dk)
+    m_o = (o_t[:, None] < T) & (o_v[None, :] < Dv)
+    b_q = tl.load(q + (i_bh * T + o_t[:, None]) * Dk + o_k[None, :], mask=m_q, other=0.0)
+    b_k = tl.load(k + (i_bh * T + o_t[:, None]) * Dk + o_k[None, :], mask=m_q, other=0.0)
+    b_s = tl.load(states + ((i_bh * NT + i_c) * Dk + o_k[:, None]) * Dv + o_v[None, :],
+                  mask=(o_k[:, None] < Dk) & (o_v[None, :] < Dv), other=0.0)
+    b_u = tl.load(u_new + (i_bh * T + o_t[:, None]) * Dv + o_v[None, :], mask=m_o, other=0.0)
+    causal = tl.where(o_i[:, None] >= o_i[None, :], 1.0, 0.0)
+    scores = tl.dot(b_q, tl.trans(b_k), input_precision="ieee") * causal
+    b_o = tl.dot(b_q, b_s, input_precision="ieee")
+    b_o += tl.dot(scores, b_u, input_precision="ieee")
+    tl.store(o + (i_bh * T + o_t[:, None]) * Dv + o_v[None, :], b_o, mask=m_o)
+
+
+def compile_error_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr,
+                         BK: tl.constexpr, BV: tl.constexpr):
+    """A tile reshaped to a shape with another number of elements: Triton refuses it."""
+    o_t = tl.program_id(0) * BC + tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    b_q = tl.load(q + o_t[:, None] * Dk + o_k[None, :], mask=o_t[:, None] < T, other=0.0)
+    b_q = tl.reshape(b_q, (BC, 2 * BK))
+    tl.store(o + o_t[:, None] * Dv + o_k[None, :], b_q, mask=o_t[:, None] < T)
+
+
+@needs_triton
+@pytest.mark.parametrize("bug,mistake", [
+    ("no_causal", "no_causal_mask"),
+    ("strict", "strict_mask"),
+    ("state_without_chunk", "first_state_every_chunk"),
+    ("state_one_back", "previous_chunk_state"),
+    ("u_no_mask", "u_new_without_row_mask"),
+])
+def test_output_kernel_wrong_answer_is_caught(bug, mistake, capsys):
+    result = ck.check_output_kernel(_with_bug(bug))
+    assert result.status == "failed" and result.mistake == mistake, result.report
+    out = flat(capsys.readouterr().out)
+    hint = next(m.hint for m in checks.EXERCISES["kernel.output_stage"].mistakes if m.name == mistake)
+    assert flat(f"Hint: {hint}") in out and f"First failure: case {result.failed_case}" in out
+
+
+@needs_triton
+def test_output_kernel_store_without_mask_is_reported():
+    result = ck.check_output_kernel(_with_bug("store_no_mask"), verbose=False)
+    assert result.status == "error" and not result
+    assert "stored" in result.report and "outside o" in result.report
+    assert "Hint: " in result.report
+
+
+@needs_triton
+def test_output_kernel_nan_is_reported_not_raised():
+    result = ck.check_output_kernel(_with_bug("nan"), verbose=False)
+    assert result.status == "failed" and "NaN" in result.report, result.report
+
+
+@needs_triton
+def test_output_kernel_compile_error_is_reported_not_raised():
+    result = ck.check_output_kernel(compile_error_kernel, verbose=False)
+    assert result.status == "error" and result.n_passed == 0, result.report
+    assert "your function raised" in result.report
+
+
+@needs_triton
+@pytest.mark.parametrize("kernel", [ck.output_kernel_solution, ok_int64_and_float_mask,
+                                    _with_bug("none")], ids=["solution", "int64-float-mask", "body"])
+def test_output_kernel_correct_answers_pass(kernel):
+    result = ck.check_output_kernel(kernel, verbose=False)
+    assert result and result.n_passed == result.n_cases == 5, result.report
+
+
+@needs_triton
+def test_output_kernel_accepts_a_jitted_function():
+    import triton
+
+    assert ck.check_output_kernel(triton.jit(ck.output_kernel_solution), verbose=False)
+
+
+def test_output_kernel_check_without_triton_says_how_to_install():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["triton"] = None
+        from tinyk3.checks import ch09_kernel as ck
+        r = ck.check_output_kernel(lambda *a: None)
+        assert r.status == "error" and not r, r
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "needs Triton" in proc.stdout and "pip install triton" in proc.stdout
+
+
+def test_output_stage_mistakes_differ_from_the_reference():
+    """Every registered mistake gives another output than the reference on some case (else the
+    check could not tell them apart)."""
+    ex = checks.EXERCISES["kernel.output_stage"]
+    for m in ex.mistakes:
+        diffs = [(m.fn(*c.args) - ex.reference(*c.args)).abs().nan_to_num(1e9).max().item()
+                 for c in ex.cases()]
+        assert max(diffs) > 1e-2, m.name
+
+
+def stub_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr):
+    raise NotImplementedError
+
+
+@needs_triton
+def test_output_kernel_stub_is_not_attempted():
+    result = ck.check_output_kernel(stub_kernel, verbose=False)
+    assert result.status == "not attempted", result.report

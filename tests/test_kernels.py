@@ -11,8 +11,12 @@ Tolerances, relative to max(1, max |reference|):
   (the same products in another order; measured ≤ 5e-7);
 * against float64 (``ops.delta_rule.chunked`` on float64 copies): 1e-5, the float32 bound of
   tests/test_delta_rule.py (measured ≤ 4e-7 at these sizes);
-* bfloat16 / float16 inputs: ``o`` within 1e-2 (one rounding of o), ``S`` within 1e-5 of the
-  PyTorch form on the same inputs (the state never leaves float32).
+* bfloat16 / float16 inputs with ``operands="float32"``: ``o`` within 1e-2 (one rounding of o),
+  ``S`` within 1e-5 of the PyTorch form on the same inputs (the state never leaves float32);
+* the bfloat16-operand mode (fla's: bf16 tiles into tl.dot, float32 accumulation, W, U, S_[c], U'
+  stored in bf16), emulated under the interpreter: ``o`` and ``S`` within 1.5e-2 of float64 on the
+  same bf16 inputs (measured ≤ 6e-3 on the cases below; the float32 mode's ``o`` is at 2.4e-3,
+  its final rounding to bf16).
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ import torch
 import tinyk3.kernels as kernels
 from tinyk3.kernels import delta_rule as kd
 from tinyk3.ops import delta_rule, wy
+
+if kernels.AVAILABLE:
+    import triton.language as tl  # the test kernel below
 
 # Reaches Triton, tinyk3.kernels or fla: rerun with Triton hidden by `make unit-no-triton`.
 pytestmark = pytest.mark.triton
@@ -181,11 +188,88 @@ def test_smaller_tiles_split_the_work_and_change_nothing(fuse_output):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 def test_half_inputs_accumulate_in_float32(dtype):
     q, k, v, beta, S0 = _inputs(1, 2, 37, 16, 16, dtype, seed=2)
-    o, S = kd.chunked(q, k, v, beta, chunk_size=16, initial_state=S0)
+    o, S = kd.chunked(q, k, v, beta, chunk_size=16, initial_state=S0, operands="float32")
     assert o.dtype == dtype and S.dtype == torch.float32
     ref_o, ref_S = delta_rule.chunked(q, k, v, beta, chunk_size=16, initial_state=S0)
     assert _rel_err(o, ref_o) <= 1e-2
     assert _rel_err(S, ref_S) <= 1e-5
+    if dtype == torch.float16:  # float16 inputs default to float32 operands
+        o_default, _ = kd.chunked(q, k, v, beta, chunk_size=16, initial_state=S0)
+        assert torch.equal(o_default, o)
+
+
+TOL_BF16 = 1.5e-2  # bfloat16-operand mode vs float64 (measured <= 6e-3, see the module docstring)
+
+
+@needs_triton
+@pytest.mark.parametrize("fuse_output", [False, True], ids=["output-pass", "fused"])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_bf16_operands_against_float64(case, fuse_output):
+    """bfloat16 inputs default to fla's mode; under the interpreter it is emulated by rounding."""
+    B, H, T, Dk, Dv, C = case
+    q, k, v, beta, S0 = _inputs(B, H, T, Dk, Dv, torch.bfloat16, seed=7)
+    o, S = kd.chunked(q, k, v, beta, chunk_size=C, initial_state=S0, fuse_output=fuse_output)
+    explicit, _ = kd.chunked(q, k, v, beta, chunk_size=C, initial_state=S0, fuse_output=fuse_output,
+                             operands="bfloat16")
+    assert torch.equal(o, explicit)  # the default for bfloat16 inputs
+    assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
+    ref_o, ref_S = delta_rule.chunked(*(t.double() for t in (q, k, v, beta)), chunk_size=C,
+                                      initial_state=S0.double())
+    assert _rel_err(o, ref_o) <= TOL_BF16, f"o vs float64: {_rel_err(o, ref_o):.2e}"
+    assert _rel_err(S, ref_S) <= TOL_BF16, f"S vs float64: {_rel_err(S, ref_S):.2e}"
+    # the modes differ: the float32 mode's state is far closer to float64
+    _, S32 = kd.chunked(q, k, v, beta, chunk_size=C, initial_state=S0, fuse_output=fuse_output,
+                        operands="float32")
+    assert _rel_err(S32, ref_S) <= TOL_F64 < _rel_err(S, ref_S)
+
+
+@needs_triton
+def test_bf16_mode_stores_bfloat16_values():
+    """Under the interpreter the intermediates are float32 tensors; in the bf16 mode every value
+    in them must be a bfloat16 number (the emulation rounds where the GPU stores bf16)."""
+    q, k, v, beta, S0 = _inputs(1, 2, 45, 32, 24, seed=8)  # float32 inputs, bf16 operands asked
+    st = kd.forward_stages(q, k, v, beta, chunk_size=16, initial_state=S0, operands="bfloat16")
+    for name in ("w", "u", "states", "u_new"):
+        assert st[name].dtype == torch.float32, name
+        assert torch.equal(st[name], st[name].bfloat16().float()), name
+    f32 = kd.forward_stages(q, k, v, beta, chunk_size=16, initial_state=S0, operands="float32")
+    assert not torch.equal(f32["w"], f32["w"].bfloat16().float())  # the float32 mode does not round
+
+
+@needs_triton
+def test_interpreter_bf16_rounding_is_emulated_exactly():
+    """runtime.to_operand under the interpreter rounds float32 to bfloat16 as torch does (nearest,
+    ties to even, signs, tiny and large values); Triton 3.7's own interpreted cast truncates."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from tinyk3.kernels import runtime
+
+    ks = runtime.KernelSet("test")
+
+    @ks.kernel
+    def _round_kernel(x, y, n, BN: tl.constexpr):
+        o = tl.arange(0, BN)
+        a = tl.load(x + o, mask=o < n, other=0.0)
+        tl.store(y + o, to_operand(a, True, True), mask=o < n)  # noqa: F821 (KernelSet adds it)
+
+    @ks.kernel
+    def _cast_kernel(x, y, n, BN: tl.constexpr):
+        o = tl.arange(0, BN)
+        a = tl.load(x + o, mask=o < n, other=0.0)
+        tl.store(y + o, a.to(tl.bfloat16).to(tl.float32), mask=o < n)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(1000, generator=g) * 10.0 ** torch.randint(-30, 30, (1000,), generator=g),
+                   torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 0.0, -0.0, 3.0e38])])
+    y = torch.empty_like(x)
+    ks.get(True)._round_kernel[(1,)](x, y, x.numel(), BN=1024)
+    assert torch.equal(y, x.bfloat16().float())
+    assert isinstance(ks.get(True)._round_kernel, InterpretedFunction)
+    # why the emulation exists (runtime's docstring): the interpreter's own cast truncates
+    native = torch.empty_like(x)
+    ks.get(True)._cast_kernel[(1,)](x, native, x.numel(), BN=1024)
+    truncated = (x.view(torch.int32) & -65536).view(torch.float32)
+    assert torch.equal(native, truncated) and not torch.equal(native, y)
 
 
 @needs_triton
@@ -212,7 +296,10 @@ def test_split_sequence_carries_the_state():
 
 @needs_triton
 @pytest.mark.parametrize("with_state", [True, False], ids=["initial-state", "zero-state"])
-def test_gradients_equal_pytorch(with_state):
+def test_backward_returns_the_pytorch_forms_gradients(with_state):
+    """The backward recomputes with ops.delta_rule.chunked, so its gradients equal that form's by
+    construction: this checks the autograd wiring (argument order, None for missing inputs, the
+    incoming dS), not the kernels."""
     q, k, v, beta, S0 = _inputs(1, 2, 37, 16, 16, seed=4)
     g = torch.Generator().manual_seed(5)
     go, gS = torch.randn(1, 2, 37, 16, generator=g), torch.randn(1, 2, 16, 16, generator=g)
@@ -283,6 +370,11 @@ def test_compiles_for_gpu_targets(arch, tmp_path, monkeypatch):
     for name, compiled in out.items():
         assert f".target {target}" in compiled.asm["ptx"], name
         assert compiled.asm["cubin"][:4] == b"\x7fELF", name  # a real cubin from ptxas
+    bf16 = kd.compile_for_gpu(arch, chunk_size=16, Dk=32, Dv=32, dtype=torch.bfloat16,
+                              operands="bfloat16")
+    for name, compiled in bf16.items():  # bf16 tensor-core products, float32 accumulators
+        mma = [line for line in compiled.asm["ptx"].splitlines() if "mma" in line and ".bf16" in line]
+        assert mma and all(".f32" in line for line in mma), name
     fused = kd.compile_for_gpu(arch, chunk_size=16, Dk=32, Dv=32, dtype=torch.float32,
                                fuse_output=True, has_initial_state=False)
     assert set(fused) == {"_wy_kernel", "_state_kernel"}
@@ -300,9 +392,10 @@ def test_compiles_for_gpu_targets(arch, tmp_path, monkeypatch):
         (dict(chunk_size=True), ValueError, "chunk_size must be one of"),
         (dict(input_precision="fast"), ValueError, "input_precision must be one of"),
         (dict(fuse_output=1), TypeError, "fuse_output must be a bool"),
+        (dict(operands="bf16"), ValueError, "operands must be one of"),
         (dict(initial_state=torch.zeros(1, 2, 16, 8)), ValueError, "initial_state must have shape"),
     ],
-    ids=["C48", "C8", "C-bool", "precision", "fuse", "state-shape"],
+    ids=["C48", "C8", "C-bool", "precision", "fuse", "operands", "state-shape"],
 )
 def test_bad_options_fail_clearly(kwargs, exc, match):
     q, k, v, beta, _ = _inputs(1, 2, 8, 16, 16)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import feed_in_blocks, param_dtype, random_idx
 from tinyk3.gpt2 import GPT, GPTConfig
 from tinyk3.kv_cache import KVCache, kv_cache_bytes
 
@@ -24,22 +25,7 @@ def model(request):
 
 
 def _idx(B=2, T=16, seed=1):
-    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-def _dtype(model):
-    return model.transformer.wte.weight.dtype
-
-
-def _fed(model, idx, blocks):
-    """Feed ``idx`` through one cache in blocks of the given sizes; return all logits."""
-    assert sum(blocks) == idx.shape[1]
-    cache, outs, start = model.new_cache(), [], 0
-    for n in blocks:
-        outs.append(model(idx[:, start : start + n], cache=cache))
-        start += n
-        assert cache.length == start
-    return torch.cat(outs, dim=1), cache
+    return random_idx(VOCAB, B, T, seed)
 
 
 @pytest.mark.parametrize("blocks", [
@@ -53,23 +39,23 @@ def _fed(model, idx, blocks):
 def test_cached_logits_equal_full_forward(model, blocks):
     idx = _idx(B=2, T=16)
     full = model(idx)
-    got, _ = _fed(model, idx, blocks)
+    got, _ = feed_in_blocks(model, idx, blocks)
     err = (got - full).abs().max().item()
-    assert err <= TOL[_dtype(model)], f"max abs error {err:.3g}"
+    assert err <= TOL[param_dtype(model)], f"max abs error {err:.3g}"
 
 
 @torch.no_grad()
 def test_cache_up_to_block_size(model):
     idx = _idx(B=1, T=BLOCK, seed=2)
-    got, cache = _fed(model, idx, [BLOCK - 3, 1, 1, 1])
+    got, cache = feed_in_blocks(model, idx, [BLOCK - 3, 1, 1, 1])
     assert cache.length == BLOCK
-    assert (got - model(idx)).abs().max().item() <= TOL[_dtype(model)]
+    assert (got - model(idx)).abs().max().item() <= TOL[param_dtype(model)]
 
 
 @pytest.mark.parametrize("lengths", [[1], [5], [7, 5, 1], [BLOCK]])
 @torch.no_grad()
 def test_nbytes_equals_formula(model, lengths):
-    cfg, dtype = model.config, _dtype(model)
+    cfg, dtype = model.config, param_dtype(model)
     B = 2
     cache = model.new_cache()
     assert cache.nbytes() == 0

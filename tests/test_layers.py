@@ -310,9 +310,9 @@ def test_bad_sizes_are_refused(cls):
 @pytest.mark.parametrize("kind", KINDS)
 def test_bad_inputs_are_refused(kind):
     layer = _layer(kind)
-    with pytest.raises(ValueError, match=r"\[B, T, C=16\]"):
+    with pytest.raises(ValueError, match=r"\[B, T, d=16\]"):
         layer(torch.randn(2, 5, 8))
-    with pytest.raises(ValueError, match=r"\[B, T, C=16\]"):
+    with pytest.raises(ValueError, match=r"\[B, T, d=16\]"):
         layer(torch.randn(5, C))
     with pytest.raises(ValueError, match="no tokens"):
         layer(torch.randn(2, 0, C))
@@ -408,7 +408,7 @@ def test_short_convolution_is_causal_and_changes_the_output(kind):
 def test_short_convolution_is_a_depthwise_causal_filter_with_silu():
     layer = _layer("deltanet", torch.float64, conv_size=4)
     x = _x(B=1, T=7, dtype=torch.float64)
-    q, k, v, _ = layer._qkv(x)
+    q, k, v, _ = layer.qkv(x)
     p = torch.cat(layer.project(x), dim=-1)[0]  # [T, 3C]
     convs = (layer.q_conv, layer.k_conv, layer.v_conv)
     w = torch.cat([c.weight[:, 0, :] for c in convs])  # [3C, K]

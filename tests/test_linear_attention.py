@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinyk3.ops import _chunks, feature_maps, linear_attention
+from tinyk3.ops import chunks, feature_maps, linear_attention
 
 
 def _chunked(C):
@@ -441,15 +441,15 @@ def test_chunked_refuses_a_bad_chunk_size(bad):
 
 @pytest.mark.parametrize("T,C", [(12, 4), (10, 4), (3, 4), (1, 1), (0, 3)])
 def test_chunk_layout_round_trip(T, C):
-    """ops._chunks.to_chunks pads with zeros to ⌈T/C⌉ chunks; from_chunks drops the padding."""
+    """ops.chunks.to_chunks pads with zeros to ⌈T/C⌉ chunks; from_chunks drops the padding."""
     x = torch.randn(2, 3, T, 5, dtype=torch.float64)
-    xc = _chunks.to_chunks(x, C)
+    xc = chunks.to_chunks(x, C)
     N = -(-T // C)
     assert xc.shape == (2, 3, N, C, 5)
     assert torch.equal(xc.reshape(2, 3, N * C, 5)[:, :, T:], torch.zeros(2, 3, N * C - T, 5, dtype=x.dtype))
-    assert torch.equal(_chunks.from_chunks(xc, T), x)
+    assert torch.equal(chunks.from_chunks(xc, T), x)
     beta = torch.rand(2, 3, T, dtype=torch.float64)  # a per-token scalar, [B, H, T]
-    assert torch.equal(_chunks.from_chunks(_chunks.to_chunks(beta, C), T), beta)
+    assert torch.equal(chunks.from_chunks(chunks.to_chunks(beta, C), T), beta)
 
 
 @pytest.mark.parametrize("N", [0, 1, 5])
@@ -461,7 +461,7 @@ def test_exclusive_scan_is_the_shifted_cumsum(N):
     start = torch.randn(2, 3, 4, 2, generator=g, dtype=torch.float64)
     start_copy, inclusive = start.clone(), start.unsqueeze(2) + x.cumsum(dim=2)
     expected = torch.cat([start.unsqueeze(2), inclusive[:, :, :-1]], dim=2) if N else x.clone()
-    total = _chunks.exclusive_scan_(x, start)
+    total = chunks.exclusive_scan_(x, start)
     assert (x - expected).abs().max().item() <= 1e-12 if N else x.numel() == 0
     assert (total - (inclusive[:, :, -1] if N else start)).abs().max().item() <= 1e-12
     assert torch.equal(start, start_copy) and total is not start
@@ -469,12 +469,12 @@ def test_exclusive_scan_is_the_shifted_cumsum(N):
 
 def test_initial_state_helper_zeros_casts_and_checks():
     like = torch.zeros(1, 2, 3, 4, dtype=torch.bfloat16)
-    zero = _chunks.initial_state(None, (1, 2, 4, 4), like, "op")
+    zero = chunks.initial_state(None, (1, 2, 4, 4), like, "op")
     assert zero.dtype == torch.float32 and torch.equal(zero, torch.zeros(1, 2, 4, 4))
     given = torch.randn(1, 2, 4, 4, dtype=torch.float64)
-    assert _chunks.initial_state(given, (1, 2, 4, 4), like, "op").dtype == torch.float32
+    assert chunks.initial_state(given, (1, 2, 4, 4), like, "op").dtype == torch.float32
     with pytest.raises(ValueError, match=r"op: initial_state must have shape \[1, 2, 4, 4\]"):
-        _chunks.initial_state(given[..., :3], (1, 2, 4, 4), like, "op")
+        chunks.initial_state(given[..., :3], (1, 2, 4, 4), like, "op")
     for bad in (0, True, 2.0):
         with pytest.raises(ValueError, match="op: chunk_size must be a positive int"):
-            _chunks.chunk_size(bad, "op")
+            chunks.chunk_size(bad, "op")

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from helpers import feed_in_blocks, param_dtype, random_idx
 from tinyk3.generate import generate
 from tinyk3.gpt2 import GPT, GPTConfig
 from tinyk3.gpt2 import count_parameters as gpt2_count_parameters
@@ -76,22 +77,7 @@ def model(request):
 
 
 def _idx(B=2, T=16, seed=1):
-    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-def _dtype(model):
-    return model.transformer.wte.weight.dtype
-
-
-def _feed(model, idx, blocks):
-    """Feed ``idx`` through one cache in blocks of the given sizes; return all logits."""
-    assert sum(blocks) == idx.shape[1]
-    cache, outs, start = model.new_cache(), [], 0
-    for n in blocks:
-        outs.append(model(idx[:, start : start + n], cache=cache))
-        start += n
-        assert cache.length == start
-    return torch.cat(outs, dim=1), cache
+    return random_idx(VOCAB, B, T, seed)
 
 
 # -- the cache never changes the logits ----------------------------------------------------
@@ -107,19 +93,19 @@ def _feed(model, idx, blocks):
 def test_cached_logits_equal_full_forward(model, blocks):
     idx = _idx()
     full = model(idx)
-    got, _ = _feed(model, idx, blocks)
+    got, _ = feed_in_blocks(model, idx, blocks)
     assert full.shape == (2, 16, VOCAB)
     assert full.std() > 0.5  # logits far from the init's, so the mixers matter
     err = (got - full).abs().max().item()
-    assert err <= TOL[_dtype(model)], f"{model.config.kinds}: max abs error {err:.3g}"
+    assert err <= TOL[param_dtype(model)], f"{model.config.kinds}: max abs error {err:.3g}"
 
 
 @torch.no_grad()
 def test_cache_up_to_block_size(model):
     idx = _idx(B=1, T=BLOCK, seed=2)
-    got, cache = _feed(model, idx, [BLOCK - 3, 1, 1, 1])
+    got, cache = feed_in_blocks(model, idx, [BLOCK - 3, 1, 1, 1])
     assert cache.length == BLOCK
-    assert (got - model(idx)).abs().max().item() <= TOL[_dtype(model)]
+    assert (got - model(idx)).abs().max().item() <= TOL[param_dtype(model)]
 
 
 @torch.no_grad()
@@ -132,7 +118,7 @@ def test_causality_future_tokens_leave_past_logits_unchanged(model):
         other = model(changed)
         err = (other[:, : t + 1] - logits[:, : t + 1]).abs().max().item()
         where = f"{model.config.kinds}: token {t + 1} moved logits <= {t}"
-        assert err <= TOL[_dtype(model)], f"{where} by {err:.3g}"
+        assert err <= TOL[param_dtype(model)], f"{where} by {err:.3g}"
         assert (other[:, t + 1] - logits[:, t + 1]).abs().max() > 1e-3
 
 
@@ -210,7 +196,7 @@ def test_cache_bookkeeping_and_branching():
 def test_hybrid_split_at_any_point_gives_the_full_logits(conv_size, split):
     model = _model("hybrid", torch.float64, conv_size=conv_size)
     idx = _idx()
-    got, cache = _feed(model, idx, [split, 16 - split])
+    got, cache = feed_in_blocks(model, idx, [split, 16 - split])
     assert (got - model(idx)).abs().max().item() <= 1e-10
     assert [type(s) for s in cache.layers] == [DeltaState, LinearState, KVState]
     assert cache.kinds == model.config.kinds == ("deltanet", "linear", "softmax")
@@ -300,7 +286,7 @@ def test_gpt2_is_an_lm_with_the_same_logits():
         expected = gpt(idx)
         assert torch.equal(ours(idx), expected)
         assert expected.std() > 0.5
-        got, _ = _feed(ours, idx, [5, 1, 10])
+        got, _ = feed_in_blocks(ours, idx, [5, 1, 10])
         assert (got - expected).abs().max().item() <= 1e-5
     assert ours.num_parameters() == gpt.num_parameters() == gpt2_count_parameters(gpt.config)
     assert torch.equal(ours.transformer.h[1].attn.k_proj.weight,
@@ -441,7 +427,7 @@ def test_bad_caches_are_refused_and_left_intact():
 def test_without_positions_the_model_runs_past_block_size(kind):
     model = _model(kind, torch.float64, pos_emb=False, block_size=8)
     idx = _idx(B=1, T=20)
-    got, cache = _feed(model, idx, [12, 1, 7])
+    got, cache = feed_in_blocks(model, idx, [12, 1, 7])
     assert cache.length == 20
     assert (got - model(idx)).abs().max().item() <= TOL[torch.float64]
 
@@ -472,7 +458,7 @@ def test_cached_logits_equal_full_forward_with_short_convolution(kind):
     idx = _idx()
     full = model(idx)
     for blocks in ([1] * 16, [7, 5, 1, 1, 1, 1], [2, 14]):
-        got, cache = _feed(model, idx, blocks)
+        got, cache = feed_in_blocks(model, idx, blocks)
         assert (got - full).abs().max().item() <= 1e-10, f"{kind} {blocks}"
     assert cache.nbytes() > 0
     assert all(s.conv is not None for s in cache.layers)

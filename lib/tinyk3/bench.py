@@ -35,7 +35,6 @@ import json
 import os
 import platform
 import subprocess
-import time
 from pathlib import Path
 
 import torch

@@ -3,8 +3,8 @@
 Chapter 1 builds it; chapter 2 adds the KV cache (:class:`tinyk3.kv_cache.KVCache`), which
 :meth:`GPT.forward` accepts so that decoding can reuse the keys and values of earlier tokens.
 
-Layout: activations are ``[B, T, C]`` (``C = n_embd``); inside attention, ``[B, H, T, D]``
-with ``D = C / H``, as everywhere in the course.
+Layout: activations are ``[B, T, d]`` (``d = n_embd``); inside attention, ``[B, H, T, D]``
+with ``D = d / H``, as everywhere in the course.
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0
     ) -> torch.Tensor:
-        B, T, C = x.shape
-        H, D = self.n_head, C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 × [B, T, C]
+        B, T, d = x.shape
+        H, D = self.n_head, d // self.n_head
+        q, k, v = self.c_attn(x).split(d, dim=2)  # 3 × [B, T, d]
         q = q.view(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
         k = k.view(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
         v = v.view(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
@@ -84,7 +84,7 @@ class CausalSelfAttention(nn.Module):
             # keys and values of every token so far, new ones appended: [B, H, T_past + T, D]
             k, v = cache.append(layer, k, v)
         y = causal_attention_sdpa(q, k, v)  # [B, H, T, D], bottom-right causal mask
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # [B, T, C]
+        y = y.transpose(1, 2).contiguous().view(B, T, d)  # [B, T, d]
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -198,7 +198,7 @@ class GPT(nn.Module):
         if idx.min() < 0 or idx.max() >= vocab:
             raise ValueError(f"token ids must lie in [0, {vocab}), got [{idx.min()}, {idx.max()}]")
         pos = torch.arange(start, start + T, device=idx.device)  # [T]
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # [B, T, C]
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # [B, T, d]
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             x = block(x, cache=cache, layer=i)
@@ -281,12 +281,12 @@ class GPT(nn.Module):
 def count_parameters(config: GPTConfig) -> int:
     """Parameters of a GPT-2 by formula (tied head): checked against the model in the tests.
 
-    Per block: two LayerNorms (``2·2C``), attention (``C·3C + 3C`` and ``C·C + C``) and the MLP
-    (``C·4C + 4C`` and ``4C·C + C``), i.e. ``12C² + 13C``. Plus the embeddings ``(V + P)·C`` and
-    the final LayerNorm ``2C``; the head reuses the token embedding.
+    Per block: two LayerNorms (``2·2d``), attention (``d·3d + 3d`` and ``d·d + d``) and the MLP
+    (``d·4d + 4d`` and ``4d·d + d``), i.e. ``12d² + 13d``. Plus the embeddings ``(V + P)·d`` and
+    the final LayerNorm ``2d``; the head reuses the token embedding.
     """
-    V, P, L, C = config.vocab_size, config.block_size, config.n_layer, config.n_embd
-    return (V + P) * C + L * (12 * C * C + 13 * C) + 2 * C
+    V, P, L, d = config.vocab_size, config.block_size, config.n_layer, config.n_embd
+    return (V + P) * d + L * (12 * d * d + 13 * d) + 2 * d
 
 
 @torch.no_grad()
@@ -317,15 +317,15 @@ def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
             h.remove()
     maps = []
     for block, x in zip(model.transformer.h, inputs):
-        B, T, C = x.shape
+        B, T, d = x.shape
         H = block.attn.n_head
         if isinstance(block.attn, CausalSelfAttention):  # GPT: q, k, v in one projection
-            q, k, _ = block.attn.c_attn(x).split(C, dim=2)
+            q, k, _ = block.attn.c_attn(x).split(d, dim=2)
         else:  # an LM's SoftmaxAttention: separate projections
             q, k, _ = block.attn.project(x)
-        q = q.view(B, T, H, C // H).transpose(1, 2)  # [B, H, T, D]
-        k = k.view(B, T, H, C // H).transpose(1, 2)  # [B, H, T, D]
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(C // H)  # [B, H, T, T]
+        q = q.view(B, T, H, d // H).transpose(1, 2)  # [B, H, T, D]
+        k = k.view(B, T, H, d // H).transpose(1, 2)  # [B, H, T, D]
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(d // H)  # [B, H, T, T]
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         maps.append(scores.masked_fill(mask, float("-inf")).softmax(dim=-1))
     return torch.stack(maps)  # [L, B, H, T, T]

@@ -17,7 +17,7 @@ does not reward one lucky run.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ._validate import nonnegative_int, positive_int
 

@@ -15,17 +15,17 @@
 # %% [markdown]
 # # GPT-2: the 2019 baseline
 #
-# Every model in this course is measured against one reference point: GPT-2 small, released by
-# OpenAI in 2019 with 124 million parameters. Kimi K3 (2026) has about 2.8 trillion. Before we
-# can say what changed, we need the baseline in our hands: a decoder-only transformer that we
-# build, count, check against the reference implementation and train on a laptop CPU.
+# Every model in this course is measured against GPT-2 small, released by OpenAI in 2019 with
+# 124 million parameters. Kimi K3 (2026) has about 2.8 trillion: the *22,580* of the course's
+# title is the post's ratio of the two, $2.8 \times 10^{12} / 124 \times 10^{6}$ (Check 1
+# below recomputes it). Before we can say what changed, we need the baseline in our hands.
 #
 # **In this chapter** you build causal self-attention from a token loop to one masked matrix
-# product, assemble GPT-2 from it, count its parameters exactly (124,439,808), prove it equals
-# the `transformers` implementation, and train a tiny byte-level GPT in about a minute.
+# product, assemble GPT-2 from it, count its parameters exactly, check it against the
+# `transformers` implementation, and train a tiny byte-level GPT in about a minute.
 #
-# **Cost.** The full notebook runs in under two minutes on two CPU cores; the last cell prints
-# the time it took on your machine. Set `SMOKE = True` below for a run of a few seconds.
+# **Cost.** Under two minutes on two CPU cores (the last cell prints the time); `SMOKE = True`
+# runs in a few seconds.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -75,31 +75,32 @@ from tinyk3.attention import (
 from tinyk3.generate import generate
 from tinyk3.gpt2 import GPT, GPTConfig, attention_maps, count_parameters
 from tinyk3.train import train_lm
+from tinyk3.util import max_diff
 
-TRAIN_STEPS = 20 if SMOKE else 700  # about a minute on one CPU core at full size
+TRAIN_STEPS = 20 if SMOKE else 700  # about a minute on one CPU core
 
 # %% [markdown]
 # ## The idea: predict the next token, looking only backwards
 #
-# GPT-2 reads a sequence of token ids $x_1, \dots, x_T$ and outputs, at every position $t$, a
-# distribution over the next token $x_{t+1}$. The whole model is a stack of identical blocks
-# between an embedding at the bottom and a linear read-out at the top:
+# GPT-2 reads token ids $x_1, \dots, x_T$ and outputs, at every position $t$, a distribution
+# over the next token $x_{t+1}$. The model is a stack of identical blocks between an embedding
+# and a read-out:
 #
-# 1. **Embed.** Each token id becomes a learned vector of width $C$, and a second learned vector
-#    for its *position* $t$ is added: $h^{(0)}_t = W_{\text{te}}[x_t] + W_{\text{pe}}[t]$.
-# 2. **Mix and transform, $L$ times.** Each block lets every position gather information from
-#    earlier positions (attention), then transforms each position on its own (an MLP).
-# 3. **Read out.** A final LayerNorm, then a product with the token-embedding matrix again
-#    (the head is *tied* to the embedding) gives logits over the vocabulary.
+# 1. **Embed.** Token id and position each select a learned vector of width $d_{\text{model}}$:
+#    $h^{(0)}_t = W_{\text{te}}[x_t] + W_{\text{pe}}[t]$.
+# 2. **Mix and transform, $L$ times.** Attention lets every position gather from earlier ones;
+#    an MLP then transforms each position on its own.
+# 3. **Read out.** A final LayerNorm, then the token-embedding matrix again (the head is *tied*)
+#    gives logits over the vocabulary.
 #
-# The one rule that makes this a language model: position $t$ may only look at positions
-# $\le t$. Training then teaches every position to predict its successor at once, in parallel.
+# Position $t$ may only look at positions $\le t$, so training can teach every position to
+# predict its successor in parallel.
 
 # %% [markdown]
 # ## The math: causal self-attention
 #
 # Per head, with queries, keys and values $Q, K, V \in \mathbb{R}^{T \times D}$ (rows are
-# positions, $D = C/H$ the head size):
+# positions, $D = d_{\text{model}}/H$ the head size):
 #
 # $$
 # \operatorname{Attn}(Q, K, V) = \operatorname{softmax}\!\left(\frac{Q K^\top}{\sqrt{D}} + M\right) V,
@@ -107,22 +108,21 @@ TRAIN_STEPS = 20 if SMOKE else 700  # about a minute on one CPU core at full siz
 # M_{ij} = \begin{cases} 0 & j \le i \\ -\infty & j > i \end{cases}
 # $$
 #
-# The mask $M$ sends the scores of future keys to $-\infty$, so their softmax weight is exactly
-# zero. Written per query, row $i$ is a weighted average of the values of positions $0..i$:
+# The mask $M$ gives future keys a softmax weight of exactly zero. Per query, row $i$ is a
+# weighted average of the values of positions $0..i$:
 #
 # $$
 # o_i = \sum_{j \le i} \frac{\exp(q_i \cdot k_j / \sqrt{D})}{\sum_{j' \le i} \exp(q_i \cdot k_{j'} / \sqrt{D})}\, v_j .
 # $$
 #
-# The $1/\sqrt{D}$ keeps the scores' spread independent of $D$: for random unit-variance $q, k$,
-# $q \cdot k$ has variance $D$. In code every tensor is laid out `[B, H, T, D]`
-# (batch, heads, time, head size), as everywhere in this course.
+# The $1/\sqrt{D}$ keeps the scores' spread independent of $D$ (for random unit-variance $q, k$,
+# $q \cdot k$ has variance $D$). Tensors are laid out `[B, H, T, D]` throughout the course.
 
 # %% [markdown]
 # ## Build it in small steps
 #
 # **Step 1: the token loop.** The second formula, literally: for each query, a softmax over the
-# keys it may see. This is slow, and obviously right, which makes it the reference.
+# keys it may see. Slow and obviously right: the reference.
 
 # %%
 def attention_by_loop(q, k, v):
@@ -150,15 +150,11 @@ def attention_by_mask(q, k, v):
 
 
 # %% [markdown]
-# **Check.** Our two versions, and the three forms in `tinyk3.attention` (the loop, the masked
-# product and PyTorch's fused `scaled_dot_product_attention`), must agree: to round-off in
-# float64, and to float32 precision (about $10^{-7}$ relative) in float32.
+# **Check.** Our two versions and the three forms of `tinyk3.attention` (the loop, the masked
+# product, PyTorch's fused `scaled_dot_product_attention`) must agree to round-off: about
+# $10^{-16}$ in float64, $10^{-7}$ in float32.
 
 # %%
-def max_diff(a, b):
-    return (a - b).abs().max().item()
-
-
 for dtype in (torch.float64, torch.float32):
     q, k, v = (torch.randn(2, 3, 50, 16, dtype=dtype) for _ in range(3))
     ref = attention_by_loop(q, k, v)
@@ -169,8 +165,8 @@ for dtype in (torch.float64, torch.float32):
           f" | lib SDPA {max_diff(causal_attention_sdpa(q, k, v), ref):.1e}")
 
 # %% [markdown]
-# The attention weights of one head on a tiny input show the mask at work: every row sums to
-# one, and everything above the diagonal is exactly zero.
+# One head's weights on a tiny input: every row sums to one, and everything above the diagonal
+# is exactly zero.
 
 # %%
 q, k = torch.randn(1, 1, 5, 4), torch.randn(1, 1, 5, 4)
@@ -180,10 +176,10 @@ print(weights[0, 0].numpy().round(3))
 print("row sums:", weights[0, 0].sum(-1).numpy().round(6))
 
 # %% [markdown]
-# **Step 3: the model.** `tinyk3.gpt2` assembles the rest around `causal_attention_sdpa`: the
-# embeddings, twelve pre-LN blocks, the final LayerNorm and the tied head. A block is two
-# residual updates, each reading a LayerNorm of the stream (this "pre-LN" placement is
-# GPT-2's change from the original transformer, and what lets deep stacks train stably):
+# **Step 3: the model.** `tinyk3.gpt2` assembles the embeddings, twelve blocks, the final
+# LayerNorm and the tied head around `causal_attention_sdpa`. A block is two residual updates,
+# each reading a LayerNorm of the stream: the "pre-LN" placement, GPT-2's change from the
+# original transformer, which lets deep stacks train stably.
 
 # %%
 from tinyk3.gpt2 import Block
@@ -199,15 +195,16 @@ tinyk3.notebook.show_source(GPT.forward)
 # %% [markdown]
 # ## Check 1: exactly 124,439,808 parameters
 #
-# Count by hand, with $V$ = 50,257 tokens, $P$ = 1,024 positions, $L$ = 12 blocks, $C$ = 768:
+# Count by hand, with $V$ = 50,257 tokens, $P$ = 1,024 positions, $L$ = 12 blocks and
+# $d = d_{\text{model}}$ = 768:
 #
 # | part | parameters |
 # |---|---|
-# | token embedding (also the output head) | $VC$ |
-# | position embedding | $PC$ |
-# | attention, per block: $W_{qkv}$ and bias, output projection and bias | $3C^2 + 3C + C^2 + C$ |
-# | MLP, per block: $C \to 4C \to C$ with biases | $8C^2 + 5C$ |
-# | LayerNorms: two per block and a final one, weight and bias each | $(4L + 2)C$ |
+# | token embedding (also the output head) | $Vd$ |
+# | position embedding | $Pd$ |
+# | attention, per block: $W_{qkv}$ and bias, output projection and bias | $3d^2 + 3d + d^2 + d$ |
+# | MLP, per block: $d \to 4d \to d$ with biases | $8d^2 + 5d$ |
+# | LayerNorms: two per block and a final one, weight and bias each | $(4L + 2)d$ |
 #
 # Build the model on PyTorch's `meta` device (shapes only, no memory) and compare each part
 # with its formula:
@@ -217,24 +214,27 @@ config = GPTConfig()  # GPT-2 small
 with torch.device("meta"):
     gpt2_small = GPT(config)
 
-V, P, L, C = config.vocab_size, config.block_size, config.n_layer, config.n_embd
+V, P, L, d = config.vocab_size, config.block_size, config.n_layer, config.n_embd
 parts = {"token embedding / head": "wte", "position embedding": "wpe",
          "attention": ".attn.", "MLP": ".mlp.", "LayerNorms": "ln_"}
-formula = {"token embedding / head": V * C, "position embedding": P * C,
-           "attention": L * (4 * C * C + 4 * C), "MLP": L * (8 * C * C + 5 * C),
-           "LayerNorms": (4 * L + 2) * C}
+formula = {"token embedding / head": V * d, "position embedding": P * d,
+           "attention": L * (4 * d * d + 4 * d), "MLP": L * (8 * d * d + 5 * d),
+           "LayerNorms": (4 * L + 2) * d}
 total = gpt2_small.num_parameters()
 print(f"{'part':24s} {'measured':>12s} {'formula':>12s} {'share':>7s}")
 for part, key in parts.items():
     n = sum(p.numel() for name, p in gpt2_small.named_parameters() if key in name)
     print(f"{part:24s} {n:12,d} {formula[part]:12,d} {n / total:7.1%}")
 print(f"{'total':24s} {total:12,d} {count_parameters(config):12,d}")
+print(f"the title's ratio: 2.8e12 / 124e6 = {2.8e12 / 124e6:,.1f}; "
+      f"with the exact count, 2.8e12 / {total:,} = {2.8e12 / total:,.1f}")
 
 # %% [markdown]
-# `named_parameters()` lists the tied matrix once, so the head costs nothing extra. An untied
-# head would add another $VC$ = 38.6 M. The MLPs hold twice the attention's weights, and at
-# this small size almost a third of the model is the embedding table. nanoGPT pads the
-# vocabulary to 50,304 (a multiple of 64, for faster matmuls), which changes the count:
+# The tied matrix is counted once; an untied head would add another $Vd$ (printed below). The
+# MLPs hold twice the attention's weights, and almost a third of the model is the embedding
+# table. The last line is the title's number: the post divides 2.8 trillion by 124 million;
+# the exact count gives a slightly smaller ratio. nanoGPT pads the vocabulary to 50,304 (a
+# multiple of 64, for faster matmuls), which changes the count:
 
 # %% tags=["nbval-check-output"]
 print(f"GPT-2 small:              {count_parameters(GPTConfig()):,}")
@@ -244,11 +244,10 @@ print(f"an untied head would add: {GPTConfig().vocab_size * GPTConfig().n_embd:,
 # %% [markdown]
 # ## Check 2: the same logits as `transformers`
 #
-# `GPT.from_hf` loads a Hugging Face GPT-2 (a model or its state dict). Their four projection
-# weights are stored transposed (`Conv1D`, `[in, out]`), which the loader undoes. A randomly
-# initialised `GPT2LMHeadModel` at a tiny size builds offline, so the comparison needs no
-# download. (`transformers` is not a dependency of the course package; the cell says so if it
-# is missing. CI always runs this comparison in `tests/test_gpt2.py`.)
+# `GPT.from_hf` loads a Hugging Face GPT-2, undoing the transpose of its `Conv1D` weights
+# (stored `[in, out]`). A tiny randomly initialised `GPT2LMHeadModel` builds offline, so the
+# comparison needs no download. `transformers` is not a dependency of the course package: the
+# cell says so if it is missing (CI runs the comparison in `tests/test_gpt2.py`).
 
 # %%
 try:
@@ -271,7 +270,8 @@ else:
 # ## Check 3: causality, bit for bit
 #
 # Change the token at position $t+1$: the outputs at positions $0..t$ must not move at all,
-# not even in the last bit, because nothing there may depend on the future.
+# not even in the last bit. The cell prints how far they moved, and how far position $t+1$
+# did.
 
 # %% tags=["nbval-check-output"]
 torch.manual_seed(0)
@@ -283,15 +283,16 @@ t = 20
 changed[0, t + 1] = (idx[0, t + 1] + 1) % 256
 with torch.no_grad():
     a, b = tiny(idx), tiny(changed)
-print(f"positions 0..{t} bit-identical: {torch.equal(a[:, : t + 1], b[:, : t + 1])}")
-print(f"position {t + 1} changed: {not torch.equal(a[:, t + 1], b[:, t + 1])}")
+past_moved = max_diff(a[:, : t + 1], b[:, : t + 1])
+print(f"positions 0..{t}: max |change| = {past_moved:.1e} (bit-identical: "
+      f"{torch.equal(a[:, : t + 1], b[:, : t + 1])})")
+print(f"position {t + 1}:     max |change| = {max_diff(a[:, t + 1], b[:, t + 1]):.2f}")
 
 # %% [markdown]
 # ### The real GPT-2 (Colab only)
 #
-# With a network connection the loader takes OpenAI's released weights. This cell runs in
-# Colab (or anywhere with `TINYK3_DOWNLOAD=1` set); it downloads about 500 MB, so CI and the
-# offline build skip it.
+# The loader also takes OpenAI's released weights. The cell runs in Colab or with
+# `TINYK3_DOWNLOAD=1` set; it downloads about 500 MB, so the offline build skips it.
 
 # %%
 import os
@@ -313,11 +314,11 @@ else:
 # %% [markdown]
 # ## Experiment: train a tiny GPT on a laptop
 #
-# The same code at a toy size: bytes as tokens (vocabulary 256), 3 blocks, 4 heads, width 96,
-# a 64-byte context. The text is the documentation that ships inside every Python
-# (`pydoc_data`, about 465 KB), so nothing is downloaded. Before training, two baselines to
-# beat, in nats per byte: guessing uniformly ($\ln 256$), and the best model that ignores
-# context entirely (the entropy of the byte frequencies).
+# The same code at a toy size: bytes as tokens (vocabulary 256), 3 blocks, 4 heads,
+# $d_{\text{model}} = 96$, a 64-byte context. The text is the documentation that ships inside every Python
+# (`pydoc_data`), so nothing is downloaded. Two baselines to beat, in nats per byte: guessing
+# uniformly ($\ln 256$), and the best model that ignores context (the entropy of the byte
+# frequencies).
 
 # %%
 corpus = data.encode(data.load_corpus())
@@ -331,7 +332,7 @@ print(f"uniform guess: {math.log(256):.3f} nats/byte; "
 
 # %% [markdown]
 # Training: AdamW, batches of 32 windows of 64 bytes, a short warm-up then cosine decay
-# (`tinyk3.train.train_lm`). At full size this cell takes about a minute on one core.
+# (`tinyk3.train.train_lm`); about a minute on one core.
 
 # %%
 torch.manual_seed(0)
@@ -357,9 +358,8 @@ ax.legend(loc="upper right", bbox_to_anchor=(1, 0.93))  # below the uniform-gues
 plt.show()
 
 # %% [markdown]
-# The validation loss is below the dashed line already at the first evaluation (step 50) and
-# ends far below it: the model uses context, it has learned something attention makes
-# possible. Samples, at temperature 0.8 with top-k 40 (top-k filtering is exercise 3):
+# The validation loss is below the dashed line from the first evaluation on and ends far below
+# it: the model uses context. Samples, at temperature 0.8 with top-k 40 (exercise 3):
 
 # %%
 prompt = data.encode('The "while" statement\n').unsqueeze(0)  # [1, T]
@@ -371,10 +371,14 @@ print(data.decode(sample[0]))
 # ### What do the heads look at?
 #
 # `tinyk3.gpt2.attention_maps` recomputes every layer's attention weights for one input. Pick a
-# layer and a head with the sliders (they also work on the website: every picture is
-# precomputed). Rows are queries, columns keys; the upper triangle is the mask.
+# layer and a head with the sliders (every picture is precomputed, so they also work on the
+# website). Rows are queries, columns keys, both labelled with their bytes; the empty upper
+# triangle is the mask. The colour scale is a square root, so that weights of a few percent
+# show.
 
 # %%
+import matplotlib.colors
+
 from tinyk3.widgets import figure_png, image_grid_explorer
 
 text = data.decode(val_data[1000:1048])
@@ -384,13 +388,19 @@ labels = [{"\n": "⏎", " ": "␣"}.get(ch, ch) for ch in text]
 
 
 def head_png(layer, head):
-    fig, ax = plt.subplots(figsize=(6.8, 6.8))
-    ax.imshow(maps[layer, head], cmap="Blues", vmin=0, vmax=1)
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_yticks(range(len(labels)), labels, fontsize=8)
-    ax.tick_params(length=0)
+    fig, ax = plt.subplots(figsize=(6.8, 6.6))
+    # a square-root colour scale, so that small weights stay visible
+    norm = matplotlib.colors.PowerNorm(0.5, vmin=0, vmax=1)
+    image = ax.imshow(maps[layer, head], cmap="Blues", norm=norm)
+    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="attention weight",
+                 ticks=[0, 0.05, 0.2, 0.4, 0.6, 0.8, 1])
+    ax.set_xticks(range(len(labels)), labels, fontsize=9, family="monospace")
+    ax.set_yticks(range(len(labels)), labels, fontsize=9, family="monospace")
+    ax.tick_params(length=0, pad=1)
     ax.grid(False)
-    ax.set(xlabel="key", ylabel="query", title=f"layer {layer}, head {head}")
+    ax.set_xlabel("key", fontsize=12)
+    ax.set_ylabel("query", fontsize=12)
+    ax.set_title(f"layer {layer}, head {head}", fontsize=13)
     return figure_png(fig, colors=64)
 
 
@@ -402,31 +412,39 @@ image_grid_explorer(pngs, "layer", "head",
 
 # %% [markdown]
 # The pictures invite stories; numbers settle them. For each head: the average weight a query
-# puts on itself, on the byte just before it, and how far back it looks on average.
+# puts on itself, on the byte just before it, and how far back it looks on average. The
+# yardstick for the last is a head that spreads its weight uniformly over the keys it may see:
+# query $i$ then looks back $i/2$ on average, $(T-1)/4$ over all queries.
 
 # %%
 T = maps.shape[-1]
 # dist[i, j] = i - j: how far key j lies behind query i (0 for the masked j > i)
 dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp(min=0).float()
-print("layer head   self  previous  mean distance")
+uniform = torch.ones(T, T).tril()
+uniform = uniform / uniform.sum(-1, keepdim=True)  # each query: 1/(i+1) on keys 0..i
+uniform_distance = (uniform * dist).sum(-1).mean().item()
+print(f"uniform causal weights over T = {T} bytes: "
+      f"mean distance {uniform_distance:.2f} ((T-1)/4 = {(T - 1) / 4:.2f})")
+print("layer head   self  previous  mean distance  / uniform")
 for l in range(maps.shape[0]):
     for h in range(maps.shape[1]):
         w = maps[l, h]
+        mean_distance = (w * dist).sum(-1).mean().item()
         print(f"{l:5d} {h:4d}  {w.diagonal().mean():5.2f}  {w.diagonal(-1).mean():8.2f}"
-              f"  {(w * dist).sum(-1).mean():13.1f}")
+              f"  {mean_distance:13.1f}  {mean_distance / uniform_distance:9.2f}")
 
 # %% [markdown]
-# In the run stored with this page, the first layer's heads keep most of their weight on the
-# last few bytes (short mean distances, a large share on the previous byte): they read local
-# spelling. Later layers spread their weight much further back. Your numbers will differ a
-# little with a different seed or training length; the pattern is typical of byte-level models.
+# Heads whose mean distance is a small fraction of the uniform one (last column) read local
+# spelling: most of their weight is on the last few bytes, often on the previous one. A ratio
+# near 1 means a head looks as far back as an even spread would. Which heads do which changes with the
+# seed and the training length; a mix of local and wide heads is typical of byte-level models.
 
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise is a function to write. The cell after it runs an autograder from
-# `tinyk3.checks` on several random cases and tells you which case failed, by how much, and
-# (for the common mistakes) why. Solutions are folded below each check.
+# Each exercise is a function to write; the cell after it runs an autograder from
+# `tinyk3.checks` (see [How to use this book](../book/how-to-use.md)). Solutions are folded
+# below each check.
 #
 # ```{exercise} Causal self-attention
 # :label: ex-gpt2-attention
@@ -487,10 +505,10 @@ ok = checks.run("gpt2.param_count", param_count_mine)
 
 # %%
 def param_count_solution(vocab_size, block_size, n_layer, n_embd):
-    C = n_embd
+    d = n_embd  # d_model
     # attention, MLP, two LayerNorms
-    per_block = (4 * C * C + 4 * C) + (8 * C * C + 5 * C) + 4 * C
-    return (vocab_size + block_size) * C + n_layer * per_block + 2 * C
+    per_block = (4 * d * d + 4 * d) + (8 * d * d + 5 * d) + 4 * d
+    return (vocab_size + block_size) * d + n_layer * per_block + 2 * d
 
 
 ok = checks.run("gpt2.param_count", param_count_solution)
@@ -538,13 +556,14 @@ ok = checks.run("gpt2.top_k_logits", top_k_logits_solution)
 #
 # - GPT-2 is embeddings (tokens plus learned positions), $L$ pre-LN blocks of causal attention
 #   and an MLP, a final LayerNorm and a head tied to the token embedding.
-# - Causal attention is $\operatorname{softmax}(QK^\top/\sqrt{D} + M)V$; the token loop, the
-#   masked product and the fused kernel agree to round-off, and the model is causal bit for bit.
-# - GPT-2 small has exactly 124,439,808 parameters; two thirds of each block is the MLP.
+# - Causal attention is $\operatorname{softmax}(QK^\top/\sqrt{D} + M)V$; its three forms agree
+#   to round-off, and the model is causal bit for bit.
+# - GPT-2 small has exactly 124,439,808 parameters, two thirds of each block in the MLP; Kimi
+#   K3 is about 22,580 of them.
 # - Our implementation reproduces `transformers`' logits, so the real weights load into it.
 #
-# **Next.** Generating text calls the model once per new token, and each call recomputes the
-# keys and values of every earlier token. Chapter 2 keeps them instead: the KV cache.
+# **Next.** Generating text calls the model once per new token, recomputing the keys and
+# values of every earlier token. Chapter 2 keeps them: the KV cache.
 
 # %%
 print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")

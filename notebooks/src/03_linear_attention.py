@@ -15,21 +15,18 @@
 # %% [markdown]
 # # Linear attention
 #
-# Chapter 2's KV cache made each decoding step one attention row instead of a forward pass,
-# but it left two costs that grow with every token: the cache itself (two vectors per token,
-# per head, per layer), and the work of each step, which reads all of it. Linear attention
-# removes both. It replaces the exponential of softmax attention by a dot product of *feature
-# maps*, and that one change lets all past keys and values be folded into a state of fixed
-# size: a $D \times D$ matrix per head, updated by one outer product per token.
+# Chapter 2's KV cache left two costs that grow with every token: the cache itself, and the
+# work of each decoding step, which reads all of it. Linear attention removes both. It
+# replaces the exponential of softmax attention by a dot product of *feature maps*, and that
+# one change folds all past keys and values into a state of fixed size: a $D \times D$ matrix
+# per head, updated by one outer product per token.
 #
-# **In this chapter** you derive the fixed-size state from the attention sum, build the token
-# loop and the masked parallel form and check them equal to `tinyk3`, continue a prefill token
-# by token from its final state, compare feature maps by how well they imitate softmax, find
-# and fix two errors in the post's listings (a prefill that is not causal, a token loop that
-# does not run), and time prefill and decoding against softmax attention with a KV cache.
+# **In this chapter** you derive the fixed-size state, build the token loop and the masked
+# parallel form, continue a prefill token by token, compare feature maps with softmax, fix two
+# of the post's listings, and time prefill and decoding against softmax with a KV cache.
 #
-# **Cost.** Under a minute on two CPU cores at full size, most of it in the two timing
-# experiments (the last cell prints the time). `SMOKE = True` runs in a few seconds.
+# **Cost.** Under a minute on two CPU cores, most of it in the two timing experiments (the
+# last cell prints the time). `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -74,18 +71,17 @@ import torch.nn.functional as F
 
 from tinyk3 import checks
 from tinyk3.attention import causal_attention
+from tinyk3.bench import stamp
 from tinyk3.ops import feature_maps
 from tinyk3.ops import linear_attention as la
+from tinyk3.timing import distinguishable, time_fn
+from tinyk3.util import max_diff
 
 FM_TOKENS = 64 if SMOKE else 256  # sequence length of the feature-map comparison
 PREFILL_LENGTHS = ([128, 256, 512] if SMOKE
                    else [128, 256, 512, 1024, 2048, 4096, 8192, 16384])
 DECODE_MAX = 512 if SMOKE else 8192  # longest KV cache in the decoding experiment
-REPEATS = 3 if SMOKE else 25  # timings per point in the decoding experiment (median)
-
-
-def max_diff(a, b):
-    return (a - b).abs().max().item()
+REPEATS = 3 if SMOKE else 25  # timed runs per point in the decoding experiment
 
 
 # %% [markdown]
@@ -99,9 +95,9 @@ def max_diff(a, b):
 # \qquad K_{\le t+1}, V_{\le t+1} \in \mathbb{R}^{(t+1) \times D}.
 # $$
 #
-# So the step reads $2(t+1)D$ numbers per head and does about $4tD$ flops, and both grow
-# without bound. The numbers for one head of size $D = 64$ (GPT-2's head size), next to the
-# $D \times D$ matrix plus a $D$-vector that this chapter will keep instead:
+# So the step reads $2(t+1)D$ numbers per head and does about $4tD$ flops, both without
+# bound. For one head of size $D = 64$ (GPT-2's), next to the $D \times D$ matrix plus a
+# $D$-vector this chapter keeps instead:
 
 # %% tags=["nbval-check-output"]
 D = 64
@@ -152,25 +148,24 @@ print(f"the linear-attention state holds {D * D + D:,} numbers per head, at ever
 #
 # That is the whole mechanism: the "cache" is $S_t$ and $z_t$, $D_k D_v + D_k$ numbers per head
 # whatever $t$ is, and a decoding step costs $O(D_k D_v)$ instead of $O(tD)$. The exponential
-# cannot be split this way with finitely many features ($e^{q \cdot k}$ expands into powers of
-# $q \cdot k$ of every order), which is why the feature map changes the model, not just the
-# arithmetic; the section on feature maps measures by how much.
+# cannot be split this way with finitely many features ($e^{q \cdot k}$ has powers of
+# $q \cdot k$ of every order), so the feature map changes the model, not just the arithmetic;
+# the section on feature maps measures by how much.
 #
-# **Layout.** This course keeps tokens as rows and the state as $D_k \times D_v$, read by
-# $o_t = q_t S_t$ (see the [notation page](../book/notation.md)). Katharopoulos et al. write
-# $Q_i, K_j, V_j$ as column vectors, so their $\phi(K_j) V_j^\top$ is our $\phi(k_j)^\top v_j$ and their
-# state has our shape. The DeltaNet papers that chapters 5 to 8 follow store the transpose,
-# $S \in \mathbb{R}^{D_v \times D_k}$, written with $v_t k_t^\top$ and read with $S_t q_t$; a check
-# below shows the two layouts give the same numbers.
+# **Layout.** Tokens are rows and the state is $D_k \times D_v$, read by $o_t = q_t S_t$ (see the
+# [notation page](../book/notation.md)); Katharopoulos et al.'s $\phi(K_j) V_j^\top$, in
+# columns, is our $\phi(k_j)^\top v_j$. The DeltaNet papers of chapters 5 to 8 store the
+# transpose, $S \in \mathbb{R}^{D_v \times D_k}$, read with $S_t q_t$; a check below shows the two
+# layouts agree.
 #
-# From here on `q` and `k` in code denote the features $\phi(q), \phi(k)$:
-# `tinyk3.ops.linear_attention` takes them already mapped, and the callers apply $\phi$.
+# From here on `q` and `k` in code are the features $\phi(q), \phi(k)$:
+# `tinyk3.ops.linear_attention` takes them already mapped.
 
 # %% [markdown]
 # ## Build it: the token loop
 #
 # The recurrence, one token at a time. `eps` guards the division against a normaliser of
-# zero (it changes nothing when $\phi(q_t) \cdot z_t$ is of order one):
+# zero:
 #
 # $$
 # S_t = S_{t-1} + k_t^\top v_t, \qquad z_t = z_{t-1} + k_t, \qquad
@@ -206,9 +201,9 @@ print(f"q, k {list(q.shape)}, v {list(v.shape)} -> o {list(o.shape)}; "
       f"smallest feature {min(q.min(), k.min()).item():.3f} (ELU+1 is positive)")
 
 # %% [markdown]
-# `tinyk3.ops.linear_attention.recurrent` is the same loop (it also accepts an initial state
-# and returns the final one, which the decoding sections need). The two, in both precisions,
-# with and without the normaliser:
+# `tinyk3.ops.linear_attention.recurrent` is the same loop; it also accepts an initial state
+# and returns the final one, which decoding needs. The two, in both precisions, with and
+# without the normaliser:
 
 # %%
 for dtype in (torch.float64, torch.float32):
@@ -220,8 +215,8 @@ for dtype in (torch.float64, torch.float32):
               f"max |mine - lib| = {max_diff(mine, lib):.1e}")
 
 # %% [markdown]
-# Distance zero: the lib's loop performs the same operations in the same order, so the results
-# are identical bit for bit. Here is its source; from now on the chapter uses it.
+# Distance zero: the lib's loop performs the same operations in the same order. Its source,
+# which the chapter uses from now on:
 
 # %%
 tinyk3.notebook.show_source(la.recurrent)
@@ -229,19 +224,18 @@ tinyk3.notebook.show_source(la.recurrent)
 # %% [markdown]
 # ## The parallel form
 #
-# For a whole sequence at once (a prefill, or training) the sums over $j \le t$ can also be
-# written as matrices, exactly like softmax attention without the softmax. Stack the rows into
-# $Q, K \in \mathbb{R}^{T \times D_k}$, $V \in \mathbb{R}^{T \times D_v}$, and let $M$ be the
-# lower-triangular matrix of ones ($M_{tj} = 1$ for $j \le t$):
+# For a whole sequence at once (a prefill, or training) the sums over $j \le t$ are matrix
+# products, like softmax attention without the softmax. With the rows stacked into $Q, K, V$
+# and $M$ the lower-triangular matrix of ones ($M_{tj} = 1$ for $j \le t$):
 #
 # $$
 # O = \frac{(Q K^\top \odot M)\, V}{(Q K^\top \odot M)\, \mathbf{1}} \quad \text{(row by row)},
 # \qquad \big[(Q K^\top \odot M)\mathbf{1}\big]_t = \sum_{j \le t} q_t \cdot k_j = q_t \cdot z_t.
 # $$
 #
-# This form costs $O(T^2 D)$ and a $T \times T$ matrix, like softmax attention; the loop costs
+# This form costs $O(T^2 D)$ and a $T \times T$ matrix, like softmax attention; the loop
 # $O(T D_k D_v)$. Without the mask the parentheses could move, $Q (K^\top V)$, for $O(T D^2)$:
-# that is the non-causal (bidirectional) version, and it is the trap of the first erratum below.
+# the non-causal version, and the trap of the first erratum below.
 
 # %%
 def linear_attention_masked(q, k, v, normalize=True, eps=1e-6):
@@ -267,20 +261,17 @@ for dtype in (torch.float64, torch.float32):
               f"  (outputs up to {lib.abs().max().item():.1f})")
 
 # %% [markdown]
-# The masked form is `la.parallel` exactly (the same operations again), and it agrees with the
-# token loop to round-off, since the two add the same terms in a different order: in the run
-# shown here a few units of $10^{-16}$ to $10^{-14}$ in float64 and of $10^{-7}$ to $10^{-5}$ in
-# float32, in both cases a relative error near the precision's epsilon once divided by the
-# size of the outputs (the unnormalised ones are sums of many positive-weighted values, so
-# they are large). From here on the chapter uses `tinyk3.ops.linear_attention`.
+# The masked form is `la.parallel` exactly, and it agrees with the token loop to round-off,
+# since the two add the same terms in a different order: divided by the size of the outputs
+# (printed last; the unnormalised ones are large), the differences are near each precision's
+# epsilon.
 
 # %% [markdown]
 # ## Check: decode from a prefill, with a state that does not grow
 #
-# A server runs the prompt in one parallel pass (the *prefill*) and then decodes one token at
-# a time. With linear attention the prefill hands over only its final state $(S_T, z_T)$, and
-# each decoding step continues the recurrence from it. Both `recurrent` and `parallel` take
-# `initial_state` and return the final state, so the check is: prefill 100 tokens in parallel,
+# A server runs the prompt in one parallel pass (the *prefill*), then decodes token by token.
+# With linear attention the prefill hands over only its final state $(S_T, z_T)$; both forms
+# take `initial_state` and return the final state. The check: prefill 100 tokens in parallel,
 # decode 28 one at a time, and compare with one pass over all 128.
 
 # %%
@@ -314,10 +305,10 @@ print(f"max |one pass - (prefill + a block of 28)| = "
 # %% [markdown]
 # The state has the same shape after 100 tokens and after 128, and would after a million.
 #
-# **The papers' layout.** The same outputs, computed the way the DeltaNet papers write them:
-# with column vectors, $S^{\text{paper}}_t = \sum_{j \le t} v_j k_j^\top \in \mathbb{R}^{D_v \times D_k}$,
-# read by $S^{\text{paper}}_t q_t$. In our row notation that is $\sum_{j \le t} v_j^\top k_j$ and
-# $S^{\text{paper}}_t q_t^\top$: the state is our $S^\top$ and the output our $o_t$, as a column.
+# **The papers' layout.** The same outputs in the DeltaNet papers' column form,
+# $S^{\text{paper}}_t = \sum_{j \le t} v_j k_j^\top \in \mathbb{R}^{D_v \times D_k}$ read by
+# $S^{\text{paper}}_t q_t$ (in rows: $\sum_{j \le t} v_j^\top k_j$ and $S^{\text{paper}}_t q_t^\top$),
+# whose state is our $S^\top$:
 
 # %%
 # S_t^paper for every t  [B, H, T, Dv, Dk]
@@ -333,8 +324,8 @@ print(f"max |final S^paper - our S transposed| = {S_err:.1e}")
 # (erratum-linear-prefill)=
 # ## Erratum: a prefill that is not causal
 #
-# The post's linear-attention layer applies ELU+1 to q and k, transposes k, and then updates
-# its state with the whole block of new tokens at once, $S \leftarrow S + K^\top V$ and
+# The post's linear-attention layer applies ELU+1 to q and k, transposes k, and updates its
+# state with the whole block of new tokens at once, $S \leftarrow S + K^\top V$ and
 # $z \leftarrow z + K^\top$, *before* any token reads it with $Q S / (Q z)$. For decoding one token
 # at a time that is the recurrence above. For a prefill of $T > 1$ tokens it has two faults:
 #
@@ -344,7 +335,7 @@ print(f"max |final S^paper - our S transposed| = {S_err:.1e}")
 # - with $z$ summed, it runs, but every token reads the state of the *whole* block, including
 #   the tokens after it: $Q (K^\top V)$ is the non-causal form.
 #
-# Here is that logic, our own minimal version of it:
+# The same logic, in our own minimal version (`sum_z=True` repairs the first fault only):
 
 # %%
 def linear_attention_block_update(x_q, x_k, v, state=None, sum_z=False):
@@ -387,11 +378,11 @@ for T in (5, D):  # a prefill, as printed
         print(f"prefill of T={T}: RuntimeError: {e}")
 
 # %% [markdown]
-# One token per call is exact. A prefill of 5 tokens fails with a shape error; a prefill of
-# exactly $T = D$ tokens runs and is wrong. With $z$ summed over the block (the evident
-# intention), it runs for every $T$, and the error is in the *earlier* tokens: token $t$ reads
-# $S_T$ instead of $S_t$, so only the last token of the block is right. A probe shows the leak
-# directly: change only the last token's value and see whether the first token's output moves.
+# One token per call is exact. A prefill of 5 tokens fails with a shape error; one of exactly
+# $T = D$ tokens runs and is wrong. With $z$ summed over the block (the evident intention), it
+# runs for every $T$, and the error is in the *earlier* tokens: token $t$ reads $S_T$ instead
+# of $S_t$, so only the last token is right. A probe shows the leak: change only the last
+# token's value and see whether the first token's output moves.
 
 # %%
 T = 12
@@ -412,47 +403,48 @@ print(f"first token's output moved by {moved:.3f} when the last token's value ch
       f"(causal parallel form: {moved_causal:.1f})")
 
 # %% [markdown]
-# The state the block hands on is right, though: $S_T$ and $z_T$ are sums over all $T$ tokens
-# whichever order they are added in, so decoding *after* such a prefill is correct, and so is
-# the prefill's last token, which is the one whose output predicts the first generated token.
-# That is why the bug is easy to miss in a one-layer demo. In a real model the earlier tokens'
-# wrong outputs feed the next layer, whose keys and values (and so its state) are then wrong
-# too; and in training, where every position predicts its successor, each position would see
-# the answer.
+# Of the state the block hands to decoding, $S_T$ is right as printed (a sum does not depend
+# on the order of its terms); $z$ only once it is summed, since as printed it stays the
+# $[D, T]$ block of keys. With that one repair, decoding *after* such a prefill is correct, and
+# so is the prefill's last token: the bug is easy to miss in a one-layer demo. In a real
+# model the earlier tokens' wrong outputs feed the next layer, and in training every position
+# would see the answer it must predict.
 
 # %%
 S_causal, z_causal = la.parallel(q_f, k_f, v, normalize=True)[1]
+# S is computed the same way with and without sum_z; z as printed is z + Kᵀ
+z_printed = k_f.transpose(-1, -2)  # [B, H, D, T]
 dS = max_diff(state_block[0], S_causal)
 dz = max_diff(state_block[1].squeeze(-1), z_causal)
-print(f"state after the non-causal block vs the causal state: "
-      f"max |ΔS| = {dS:.1e}, max |Δz| = {dz:.1e}")
+print(f"S after the block vs the causal S_T: max |ΔS| = {dS:.1e}")
+print(f"z as printed: shape {list(z_printed.shape)}, the causal z_T: "
+      f"{list(z_causal.shape)}; with z summed, max |Δz| = {dz:.1e}")
 
 # %% [markdown]
 # **The fix.** Compute a prefill with the causal forms: the masked parallel form
 # (`la.parallel`, $(QK^\top \odot M)V$ and its row sums) or the token loop (`la.recurrent`);
-# both return the final state for decoding. A form that is both causal and $O(TD^2)$ for long
-# prefills is chapter 6's chunked form. This erratum is listed on the
-# [errata page](../book/errata.md).
+# both return the final state for decoding. Chapter 6's chunked form is causal and $O(TD^2)$.
+# This entry is on the [errata page](../book/errata.md).
 
 # %% [markdown]
 # (erratum-linear-loop)=
 # ## Erratum: a token loop that does not run
 #
 # In its chunked-attention section the post gives a token loop as the direct (sequential)
-# linear-attention prefill. As printed it cannot run. Each fault, reproduced on its own with
-# our own minimal code (a block of $T = 5$ tokens, 2 heads of size 8, model width 16):
+# linear-attention prefill. As printed it cannot run. Each fault, reproduced on its own in our
+# own minimal code ($T = 5$ tokens, 2 heads of size 8, $d_{\text{model}} = 16$):
 #
 # 1. the state update reads a variable `S_old` that is never defined;
 # 2. it multiplies the one-token key and value slices, $[1, D] \times [1, D]$, without
 #    transposing the key, where the outer product $k_t^\top v_t$ is needed;
-# 3. it reshapes one token's output to $[B, T, C]$ with the full block length $T$;
+# 3. it reshapes one token's output to $[B, T, d_{\text{model}}]$ with the full block length $T$;
 # 4. it rebinds `q`, `k`, `v` to their $i$-th slice inside the loop, so from the second
 #    iteration on it slices a one-token tensor at position $i \ge 1$ and gets nothing;
-# 5. it concatenates the per-token outputs, $[B, 1, C]$ each, along dimension 2, the channels,
-#    instead of dimension 1, the tokens.
+# 5. it concatenates the per-token outputs, $[B, 1, d_{\text{model}}]$ each, along dimension 2,
+#    the channels, instead of dimension 1, the tokens.
 #
-# (It also passes the output through a normalisation layer instead of dividing by $q_t \cdot z_t$:
-# a design choice that later models make, not an error.)
+# It also normalises the output with a layer instead of dividing by $q_t \cdot z_t$: a design
+# choice later models make, not an error.
 
 # %% tags=["nbval-check-output"]
 torch.manual_seed(3)
@@ -501,12 +493,12 @@ def fault_rebinding():
 def fault_cat_on_channels():
     # each token's output after o_proj
     outs = [torch.randn(B, 1, H * D) for _ in range(T)]
-    return torch.cat(outs, dim=2)  # tokens are dimension 1 of [B, T, C]
+    return torch.cat(outs, dim=2)  # tokens are dimension 1 of [B, T, n_embd]
 
 
 attempt("1. S_old", fault_undefined_name)
 attempt("2. k @ v, no transpose", fault_no_transpose)
-attempt("3. view(B, T, C) of one token", fault_reshape_with_full_T)
+attempt("3. view(B, T, n_embd) of one token", fault_reshape_with_full_T)
 attempt("4. rebinding q, k, v", fault_rebinding)
 print(f"   (tokens in the slices at i = 0..{T - 1}: {slice_lengths})")
 attempt("5. cat along dim=2", fault_cat_on_channels)
@@ -515,10 +507,9 @@ print(f"expected: outputs {[B, H, T, D]} per head, "
 
 # %% [markdown]
 # The first three raise; the last two run and silently return the wrong shape (one token out
-# of five; five tokens' channels side by side). The working loop keeps the inputs, slices a
-# fresh `q_t, k_t, v_t` each iteration, updates `S` from its previous value with
-# $k_t^\top v_t$, and stacks the outputs along the token axis. That is exactly
-# `la.recurrent`, shown above and checked against the parallel form:
+# of five; five tokens' channels side by side). The working loop slices a fresh
+# `q_t, k_t, v_t` each iteration, updates `S` from its previous value with $k_t^\top v_t$, and
+# stacks the outputs along the token axis: `la.recurrent`, shown above:
 
 # %%
 o_loop, _ = la.recurrent(q_e, k_e, v_e)
@@ -526,7 +517,7 @@ print(f"la.recurrent: output {list(o_loop.shape)}, max |recurrent - parallel| = 
       f"{max_diff(o_loop, la.parallel(q_e, k_e, v_e)[0]):.1e}")
 
 # %% [markdown]
-# This erratum is listed on the [errata page](../book/errata.md).
+# This entry is on the [errata page](../book/errata.md).
 
 # %% [markdown]
 # ## Feature maps: what the kernel gives up
@@ -539,10 +530,9 @@ print(f"la.recurrent: output {list(o_loop.shape)}, max |recurrent - parallel| = 
 # \phi(q)\,\phi(k)^\top = 1 + q \cdot k + \tfrac{1}{2}(q \cdot k)^2 \approx e^{q \cdot k},
 # $$
 #
-# the exponential's Taylor series to second order (the map of the Based architecture,
-# Arora et al. 2024). Scaling $q$ and $k$ by $D^{-1/4}$ each makes the dot product
-# $q \cdot k / \sqrt{D}$, so `taylor2` then imitates softmax attention's $\exp(q \cdot k / \sqrt{D})$.
-# The others are not meant to imitate it at all.
+# the exponential's second-order Taylor series (the map of Based, Arora et al. 2024). With $q$
+# and $k$ scaled by $D^{-1/4}$ each, `taylor2` imitates softmax's $\exp(q \cdot k / \sqrt{D})$;
+# the others are not meant to.
 
 # %% mystnb={"figure": {"caption": "Left: the four element-wise feature maps $\\phi$. Right: the exponential against its second-order Taylor series, the similarity that `taylor2` reproduces; the two agree near $s = 0$ and part for $|s| > 1$.", "name": "fig-la-feature-maps"}, "image": {"alt": "Two line plots. Left: ELU plus one, ReLU, softplus and the identity for x from -3 to 3; all but the identity stay non-negative. Right: exp(s) and 1 + s + s squared over 2 for s from -3 to 3, touching near zero, the exponential far above at s = 3"}}
 xs = torch.linspace(-3, 3, 121)
@@ -591,13 +581,17 @@ print(f"{'relative error':>24s} " + " ".join(f"σ={s:<5}" for s in sigmas))
 for name, errs in errors.items():
     print(f"{name:>24s} " + " ".join(f"{e:7.3f}" for e in errs))
 
-# %% mystnb={"figure": {"caption": "Relative error of normalised linear attention against causal softmax attention, for each feature map, as the softmax logits' spread $\\sigma$ grows. `taylor2` is closest at small $\\sigma$; no map comes close once softmax is sharp.", "name": "fig-la-feature-map-error"}, "image": {"alt": "Line plot of relative output error against sigma on a log axis from 0.25 to 4, one line with markers per feature map and a dashed gray line for the plain running average; the errors grow towards 1 with sigma, taylor2 lowest throughout and ReLU highest at small sigma"}}
+# %% mystnb={"figure": {"caption": "Relative error of normalised linear attention against causal softmax attention, for each feature map, as the softmax logits' spread $\\sigma$ grows. ELU+1 (circles) and softplus (crosses) lie on the plain running average (the wide gray band); `taylor2` is closest at small $\\sigma$; no map comes close once softmax is sharp.", "name": "fig-la-feature-map-error"}, "image": {"alt": "Line plot of relative output error against sigma on a log axis from 0.25 to 4, one line per feature map with its own marker and line style, and a wide gray band for the plain running average on which the ELU+1 circles and softplus crosses sit; the errors grow towards 1 with sigma, taylor2 lowest throughout and ReLU highest at small sigma"}}
+# ELU+1, softplus and the plain average nearly coincide: distinct markers and line
+# styles, drawn from the widest to the thinnest, keep every line visible
+styles = {"constant (plain average)": dict(color="gray", ls="-", lw=6, alpha=0.35),
+          "elu+1": dict(marker="o", ms=9, mfc="none", mew=1.5, ls="-", lw=2),
+          "softplus": dict(marker="x", ms=7, ls="--"),
+          "relu": dict(marker="^", ls="-."),
+          "taylor2": dict(marker="D", ms=5, ls="-")}
 fig, ax = plt.subplots()
-for name, errs in errors.items():
-    if name == "identity":
-        continue  # off the scale: see the table
-    style = dict(color="gray", ls="--") if name.startswith("constant") else dict(ls="-")
-    ax.plot(sigmas, errs, marker="o", label=name, **style)
+for name, style in styles.items():  # the identity is off the scale: see the table
+    ax.plot(sigmas, errors[name], label=name, **style)
 ax.set(xscale="log", xlabel="σ, standard deviation of the softmax logits q·k/√D",
        ylabel="relative error of the output",
        title="Linear attention vs softmax attention")
@@ -607,16 +601,16 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# In the run shown here `taylor2` is by far the closest when the logits are small, and its
-# error grows with $\sigma$ as the second-order series falls behind the exponential. ELU+1 and
-# softplus are barely better than the plain running average at any $\sigma$: near zero they are
-# about $1 + x$ and $\log 2 + x/2$, whose dot products are dominated by a constant. ReLU is
-# worse than the average when softmax is nearly uniform (it zeroes about half the features,
-# which makes the weights uneven where they should be even) and a little better at large
-# $\sigma$. None of the element-wise maps makes the weights as *sharp* as softmax's. One
-# query's weights show it ($\sigma = 2$, the last position, over all $T$ keys):
+# `taylor2` is by far the closest when the logits are small, and its error grows with $\sigma$
+# as the second-order series falls behind the exponential. ELU+1 and softplus are barely
+# better than the plain running average at any $\sigma$: near zero they are about $1 + x$ and
+# $\log 2 + x/2$, whose dot products are dominated by a constant. ReLU is worse than the
+# average when softmax is nearly uniform (it zeroes about half the features, which makes the
+# weights uneven where they should be even) and a little better at large $\sigma$. None of the
+# element-wise maps makes the weights as *sharp* as softmax's. One query's weights show it
+# ($\sigma = 2$, the last position, over all $T$ keys):
 
-# %% mystnb={"figure": {"caption": "How one query (the last position, $\\sigma = 2$) spreads its weight over the keys: softmax puts a large share on a few keys, the kernels spread it almost evenly.", "name": "fig-la-query-weights"}, "image": {"alt": "Line plot of attention weight against key position: the softmax line has a few tall spikes, the highest near 0.33, while the taylor2, ReLU and ELU plus one lines stay close to zero everywhere"}}
+# %% mystnb={"figure": {"caption": "How one query (the last position, $\\sigma = 2$) spreads its weight over the keys, on a log axis: softmax's weights span many orders of magnitude, with a few keys far above the uniform $1/T$ (dotted); the kernels' weights stay much closer to it.", "name": "fig-la-query-weights"}, "image": {"alt": "Line plot of attention weight on a logarithmic axis against key position: the softmax line swings over several orders of magnitude, with a few spikes far above a dotted line at the uniform weight 1 over T, while the taylor2, ReLU and ELU plus one lines stay much closer to the dotted line, ELU plus one closest"}}
 sigma = 2.0
 # one head  [T, D]
 q_s, k_s = base_q[0, 0] * math.sqrt(sigma), base_k[0, 0] * math.sqrt(sigma)
@@ -629,25 +623,27 @@ for name in ("taylor2", "relu", "elu+1"):
 fig, ax = plt.subplots()
 for name, w in weights.items():
     ax.plot(w, label=name, lw=1)
-ax.set(xlabel="key position j", ylabel="weight",
+ax.axhline(1 / T, color="k", ls=":", label="uniform, 1/T")
+ax.set(xlabel="key position j", ylabel="weight (log scale)", yscale="log",
        title=f"Weights of the last query, σ = {sigma}")
-ax.legend()
+smallest = min(w.min().item() for w in weights.values())
+ax.set_ylim(bottom=max(1e-6, smallest / 2))  # softmax's smallest may lie further down
+# below the axes: inside, it would cover the lines
+ax.legend(fontsize=8, ncols=5, loc="upper center", bbox_to_anchor=(0.5, -0.2))
 plt.show()
 largest = ", ".join(f"{n} {w.max().item():.3f}" for n, w in weights.items())
 print(f"largest weight: {largest} (uniform: {1 / T:.4f})")
 
 # %% [markdown]
 # That is the price of linear attention: the softmax concentrates its weight on a few keys,
-# and these kernels spread it out. In the run shown here softmax gives about a third of the
-# total weight to one key, `taylor2` a few percent at most, and ELU+1's largest weight is
-# barely above the uniform $1/T$. A trained model compensates by learning its
-# projections *for* the kernel (nothing here is trained), and later chapters add mechanisms
-# (the delta rule, gates) that make the state itself more selective.
+# and these kernels spread it out (the largest weights are in the line above). A trained
+# model compensates by learning its projections *for* the kernel (nothing here is trained),
+# and later chapters add mechanisms (the delta rule, gates) that make the state itself more
+# selective.
 #
-# **The identity is not an option.** Its row in the table above is off by orders of magnitude.
-# With $\phi(x) = x$ the scores $q \cdot k$ have either sign, so the normaliser
-# $q_t \cdot z_t$, a sum of signed terms, can be negative or arbitrarily close to zero, and
-# dividing by it blows the output up:
+# **The identity is not an option** (its row in the table is off by orders of magnitude). With
+# $\phi(x) = x$ the scores have either sign, so the normaliser $q_t \cdot z_t$ can be negative
+# or close to zero, and dividing by it blows the output up:
 
 # %%
 q_id, k_id = base_q * D**-0.25, base_k * D**-0.25  # σ = 1, identity features
@@ -663,25 +659,25 @@ print(f"ELU+1:    the smallest normaliser is {smallest:.2f}")
 
 # %% [markdown]
 # A positive map keeps every weight $\ge 0$, so the output stays a weighted average of the
-# values. (ReLU is non-negative but can be exactly zero in every feature; then the normaliser
-# is zero and only `eps` prevents a division by zero.) The cost of a closer imitation is size:
-# `taylor2` turns $D_k = 16$ into $1 + 16 + 256 = 273$ features, and the state grows to
-# $273 \times D_v$.
+# values. ReLU is non-negative but can be zero in every feature; then only `eps` prevents a
+# division by zero. A closer imitation costs size: `taylor2` turns $D_k = 16$ into
+# $1 + 16 + 256 = 273$ features, and the state grows to $273 \times D_v$.
 
 # %% [markdown]
 # ## Experiment 1: prefill time against sequence length
 #
-# Now the speed. A prefill of $N$ tokens, one layer's worth of heads ($H = 8$, $D = 64$), timed
-# on one CPU thread for four forms:
+# A prefill of $N$ tokens, one layer's heads ($H = 8$, $D = 64$), on one CPU thread, in four
+# forms:
 #
 # - softmax attention with PyTorch's fused `scaled_dot_product_attention` (causal): $O(N^2 D)$;
 # - linear attention, masked parallel form (`la.parallel`): $O(N^2 D)$ and an $N \times N$ matrix;
 # - linear attention, token loop (`la.recurrent`): $O(N D^2)$, one small update per token;
-# - linear attention by cumulative sums, written below: all the $S_t$ at once with
-#   `cumsum`, $O(N D^2)$ work but also $O(N D^2)$ memory, since it stores every $S_t$.
+# - linear attention by cumulative sums (below): every $S_t$ at once with `cumsum`,
+#   $O(N D^2)$ work and $O(N D^2)$ memory.
 #
-# Each form stops at the length where it takes seconds (or, for the cumsum form, hundreds of
-# megabytes). About 20 seconds at full size, most of it in the longest softmax prefill.
+# Each form stops at the length where it takes seconds (for the cumsum form, hundreds of
+# megabytes). Each time is the median of 3 runs (1 beyond $N = 2048$) after a warm-up run
+# (`tinyk3.timing`). About 20 seconds, most of it in the longest softmax prefill.
 
 # %%
 def linear_attention_cumsum(q, k, v):
@@ -689,18 +685,6 @@ def linear_attention_cumsum(q, k, v):
     # S_1..S_N  [B, H, N, Dk, Dv]
     S_all = (k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=2)
     return (q.unsqueeze(-2) @ S_all).squeeze(-2)  # q_t S_t  [B, H, N, Dv]
-
-
-def best_time(fn, repeats):
-    """Fastest of `repeats` runs, after a warm-up run when there are several."""
-    if repeats > 1:
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 H, D = 8, 64
@@ -728,15 +712,16 @@ for N in PREFILL_LENGTHS:
     }
     for name, fn in forms.items():
         repeats = 3 if N <= 2048 else 1
-        seconds = best_time(fn, repeats) if N <= limits[name] else float("nan")
+        seconds = (time_fn(fn, repeats=repeats, warmup=1 if repeats > 1 else 0)
+                   if N <= limits[name] else float("nan"))
         prefill[name].append(seconds)
 print(f"{'N':>6s} " + " ".join(f"{name:>19s}" for name in prefill))
 for i, N in enumerate(PREFILL_LENGTHS):
     print(f"{N:6d} "
           + " ".join(f"{prefill[name][i] * 1e3:16.1f} ms" for name in prefill))
-print(f"({time.perf_counter() - t0:.0f} s)")
+print(f"({time.perf_counter() - t0:.0f} s; {stamp()})")
 
-# %% mystnb={"figure": {"caption": "Prefill time of the four forms against the sequence length $N$, log-log. The two quadratic forms climb as $N^2$, the token loop as $N$, so the loop starts far behind and catches up with the fused softmax kernel only at the longest prefills.", "name": "fig-la-prefill-time"}, "image": {"alt": "Log-log line plot of time in milliseconds against prefill length N: softmax with SDPA, linear attention in parallel and cumsum forms, and the token loop; the cumsum line lies above all others, the token loop line is the flattest and crosses the steeper softmax line between N = 4096 and 8192, so the loop is faster only at the two longest lengths"}}
+# %% mystnb={"figure": {"caption": "Prefill time of the four forms against the sequence length $N$, log-log. The two quadratic forms climb as $N^2$, the token loop as $N$, so the loop starts far behind and reaches the fused softmax kernel only at the longest prefills (the cell prints where).", "name": "fig-la-prefill-time"}, "image": {"alt": "Log-log line plot of time in milliseconds against prefill length N: softmax with SDPA, linear attention in parallel and cumsum forms, and the token loop; the cumsum line lies above all others, and the token loop line is the flattest, far above the steeper softmax line at short lengths and meeting it only at the longest ones"}}
 Ns = torch.tensor(PREFILL_LENGTHS, dtype=torch.float64)
 fig, ax = plt.subplots()
 for name, secs in prefill.items():
@@ -755,12 +740,14 @@ for name, secs in prefill.items():  # slope of log(time) against log(N), from N 
         print(f"{name:20s} time grows as N^{slope:.2f} "
               f"(fit from N = 256 to {int(Ns[ok][-1])})")
 loop, sdpa = prefill["linear, token loop"], prefill["softmax (SDPA)"]
-faster = [N for N, a, b in zip(PREFILL_LENGTHS, loop, sdpa) if a < b]
-where = faster if faster else "none of the lengths measured"
-print(f"token loop faster than SDPA at N = {where}")
+faster = [N for N, a, b in zip(PREFILL_LENGTHS, loop, sdpa)
+          if a < b and distinguishable(a, b)]
+close = [N for N, a, b in zip(PREFILL_LENGTHS, loop, sdpa) if not distinguishable(a, b)]
+print(f"token loop faster than SDPA at N = {faster or 'none of the lengths measured'}; "
+      f"within the spread of each other at N = {close or 'none'}")
 a = torch.randn(512, 512)
 # flops per second, one core
-flop_rate = 2 * 512**3 / best_time(partial(torch.matmul, a, a), 5)
+flop_rate = 2 * 512**3 / time_fn(partial(torch.matmul, a, a), repeats=5)
 loop_flops = 4 * H * D * D  # per token
 print(f"token loop: {loop[-1] / PREFILL_LENGTHS[-1] * 1e6:.0f} µs per token "
       f"for 4·H·D² = {loop_flops:,} flops; "
@@ -768,38 +755,37 @@ print(f"token loop: {loop[-1] / PREFILL_LENGTHS[-1] * 1e6:.0f} µs per token "
       f"at which those flops take {loop_flops / flop_rate * 1e6:.1f} µs")
 
 # %% [markdown]
-# The fitted exponents give the asymptotics: the two quadratic forms grow roughly as $N^2$ (the
+# The fitted exponents give the asymptotics: the quadratic forms grow roughly as $N^2$ (the
 # masked linear form, which writes an $N \times N$ matrix, a little faster) and the token loop
 # close to $N$. The constants decide where they cross. The fused softmax kernel is fast, while
 # the token loop pays a fixed cost for each of the dozen or so small tensor operations it runs
 # per token, far more than its arithmetic would take at the rate a large matrix product
-# reaches on the same core (the last line above). So the loop wins only at the longest
-# prefills measured (the line before says which, in the run shown here). The cumsum form
-# avoids the Python loop but writes $N D^2$ numbers per head, $D$ times more than its inputs,
-# and that memory traffic makes it the slowest of all.
+# reaches on the same core (the last line above). So the loop catches up only at the longest
+# prefills, if at all (the line before says where). The cumsum form avoids the Python loop
+# but writes $N D^2$ numbers per head, $D$ times more than its inputs, and that memory
+# traffic makes it the slowest of all.
 #
-# Counting flops alone (about $2N^2D$ per head for causal attention that skips the masked
-# half, $4ND^2$ for the recurrence) the crossover would be near $N \approx 2D$. What closes the
-# gap in practice is doing the linear-time work as matrix products over blocks of tokens:
-# inside a block the masked parallel form, between blocks the state. That is the chunked form
-# of chapter 6.
+# By flops alone ($2N^2D$ per head for causal attention that skips the masked half, $4ND^2$ for
+# the recurrence) the crossover would be near $N \approx 2D$. What closes the gap in practice
+# is doing the linear-time work as matrix products over blocks of tokens: inside a block the
+# masked parallel form, between blocks the state. That is the chunked form of chapter 6.
 
 # %% [markdown]
 # ## Experiment 2: one decoding step against the position
 #
 # Decoding is where the fixed state pays. One step at position $t$, for a batch of 4
-# sequences and all heads of a layer of width $C = H \cdot D = 1024$:
+# sequences and all heads of a layer of width $d_{\text{model}} = H \cdot D = 1024$:
 #
-# - **KV cache, softmax**: write $k_t, v_t$ into a preallocated cache (chapter 2's `KVCache`
-#   concatenates, which adds a copy; a server preallocates), then one query attends over
-#   $t$ keys with `scaled_dot_product_attention`. Work $\approx 4tD$ per head, reads $2tD$ numbers.
+# - **KV cache, softmax**: write $k_t, v_t$ into a preallocated cache, as a server does
+#   (chapter 2's `KVCache` concatenates), then one query attends over $t$ keys with
+#   `scaled_dot_product_attention`. Work $\approx 4tD$ per head, reads $2tD$ numbers.
 # - **Linear attention state**: $S \mathrel{+}= k_t^\top v_t$, $z \mathrel{+}= k_t$, then
 #   $q_t S / (q_t \cdot z)$. Work $\approx 4D^2$ per head, reads and writes $D^2 + D$ numbers.
 #
-# Per head the work is equal at $t \approx D$, the memory at $t = (D + 1)/2$. The state step
-# below is the lib's recurrence for one token without its input checks (a check first confirms
-# they agree). Timing both at three head sizes, with the width fixed, moves the crossover.
-# About 10 seconds at full size.
+# Per head the work is equal at $t \approx D$, the memory at $t = (D + 1)/2$. The state step is
+# the lib's one-token recurrence without its input checks (checked against it first). Both are
+# timed at three head sizes, width fixed, each point the median of its runs after a warm-up
+# run (`tinyk3.timing`); about 10 seconds.
 
 # %%
 def state_step(q_t, k_t, v_t, S, z, eps=1e-6):
@@ -834,56 +820,47 @@ print(f"kv_step, 20 steps vs causal softmax attention: max difference "
       f"{max_diff(steps, causal_attention(x_q, x_k, v_f)):.1e}")
 
 # %%
-def median_time(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
 t0 = time.perf_counter()
-Bd, C = 4, 1024  # sequences decoded together, layer width
+Bd, d_model = 4, 1024  # sequences decoded together, layer width
 # two positions per doubling, from 16 to DECODE_MAX
 exponents = range(8, 2 * int(math.log2(DECODE_MAX)) + 1)
 positions = sorted({round(2 ** (e / 2)) for e in exponents})
 positions[-1] = DECODE_MAX - 1  # the last slot of the preallocated cache
 decode = {}
 for D in (32, 64, 128):
-    H = C // D
+    H = d_model // D
     K, V = torch.randn(Bd, H, DECODE_MAX, D), torch.randn(Bd, H, DECODE_MAX, D)
     q_t, k_t, v_t = (torch.randn(Bd, H, 1, D) for _ in range(3))
     k_t = feature_maps.elu_plus_one(k_t)
     S, z = torch.zeros(Bd, H, D, D), torch.zeros(Bd, H, D)
-    kv = [median_time(partial(kv_step, q_t, k_t, v_t, K, V, t),
-                      REPEATS if t <= 1024 else 7) for t in positions]
-    st = [median_time(partial(state_step, q_t, k_t, v_t, S, z), REPEATS)
+    kv = [time_fn(partial(kv_step, q_t, k_t, v_t, K, V, t),
+                  repeats=REPEATS if t <= 1024 else 7) for t in positions]
+    st = [time_fn(partial(state_step, q_t, k_t, v_t, S, z), repeats=REPEATS)
           for t in positions]
     decode[D] = (torch.tensor(kv), torch.tensor(st))
 del K, V
 print(f"({time.perf_counter() - t0:.0f} s)")
 
-# %% mystnb={"figure": {"caption": "Time of one decoding step against the position $t$, log-log, at three head sizes $D$ with the layer width fixed. The state step (dashed) costs the same at every position; the KV-cache step (solid) grows with $t$, about linearly once past its fixed cost, and overtakes it between $t = 45$ and $t = 256$. The crossover is latest at $D = 64$, not at $D = 128$: in this run it does not move steadily with $D$.", "name": "fig-la-decode-step"}, "image": {"alt": "Log-log line plot of time per step in microseconds against position t: three flat dashed lines for the state step, highest for D = 64 near 350, then D = 128 near 250 and D = 32 near 180, and three solid lines with markers for the KV cache that start near 100, rise to about 33,000 to 41,000 at the last position and cross their dashed lines between t = 45 and t = 256, the D = 128 solid line above the other two in between"}}
+# %% mystnb={"figure": {"caption": "Time of one decoding step against the position $t$, log-log, at three head sizes $D$ with the layer width fixed. The state step (dashed) costs the same at every position; the KV-cache step (solid) grows with $t$, about linearly once past its fixed cost, and overtakes it early (the table below gives where).", "name": "fig-la-decode-step"}, "image": {"alt": "Log-log line plot of time per step in microseconds against position t: three flat dashed lines for the state step, one per head size, and three solid lines with markers for the KV cache that start below them, rise about linearly to a hundred times their starting time and more at the last position, and cross their dashed lines early in the range"}}
 fig, ax = plt.subplots(figsize=(6.8, 4))
 for (D, (kv, st)), color in zip(decode.items(), ("C0", "C1", "C2")):
     ax.plot(positions, kv * 1e6, "o-", color=color, ms=3,
-            label=f"KV cache, D = {D} (H = {C // D})")
+            label=f"KV cache, D = {D} (H = {d_model // D})")
     ax.plot(positions, st * 1e6, "--", color=color, label=f"state, D = {D}")
 ax.set(xscale="log", yscale="log", xlabel="position t (tokens in the cache)",
        ylabel="time per step (µs)",
-       title=f"One decoding step: batch {Bd}, all heads of a width-{C} layer")
+       title=f"One decoding step: batch {Bd}, all heads of a width-{d_model} layer")
 ax.legend(fontsize=8, ncol=2)
 plt.show()
 
 # %% [markdown]
 # The same measurements as numbers: the state step's time (median over positions), the first
 # measured position at which the KV step is slower, and the rate at which the KV step reads
-# its cache early and at the end.
+# its cache, early and at the end.
 
 # %%
 mid = min(positions, key=lambda t: abs(t - 1024))
+crossovers = []
 print(f"{'D':>4s} {'H':>3s} {'state step':>11s} {'KV slower from t':>17s} "
       f"{'t / D':>6s} {'KV step at t=' + str(mid):>18s} "
       f"{'t=' + str(positions[-1]):>9s} "
@@ -892,33 +869,35 @@ for D, (kv, st) in decode.items():
     slower = next((t for t, a in zip(positions, kv) if a > st.median()), None)
     ratio = f"{slower / D:6.1f}" if slower else f"{'-':>6s}"
     # GB/s: the bytes of the keys and values read, over the step's time
-    rate = {t: 2 * Bd * (t + 1) * C * 4 / kv[positions.index(t)].item() / 1e9
+    rate = {t: 2 * Bd * (t + 1) * d_model * 4 / kv[positions.index(t)].item() / 1e9
             for t in (mid, positions[-1])}
-    print(f"{D:4d} {C // D:3d} {st.median() * 1e6:8.0f} µs {slower!s:>17s} {ratio} "
-          f"{kv[positions.index(mid)] * 1e6:15.0f} µs {kv[-1] * 1e6:6.0f} µs "
+    print(f"{D:4d} {d_model // D:3d} {st.median() * 1e6:8.0f} µs {slower!s:>17s} "
+          f"{ratio} {kv[positions.index(mid)] * 1e6:15.0f} µs {kv[-1] * 1e6:6.0f} µs "
           f"{rate[mid]:15.1f} GB/s {rate[positions[-1]]:4.1f} GB/s")
-cache_mib = 2 * Bd * DECODE_MAX * C * 4 / 2**20
+    crossovers.append(slower)
+print(stamp())
+cache_mib = 2 * Bd * DECODE_MAX * d_model * 4 / 2**20
 print(f"the cache of the layer at t = {positions[-1]}: {cache_mib:.0f} MiB (float32); "
-      f"the states: {Bd * C * 32 * 4 / 2**10:.0f} KiB (D = 32) "
-      f"to {Bd * C * 128 * 4 / 2**10:.0f} KiB (D = 128)")
+      f"the states: {Bd * d_model * 32 * 4 / 2**10:.0f} KiB (D = 32) "
+      f"to {Bd * d_model * 128 * 4 / 2**10:.0f} KiB (D = 128)")
+pairs = zip(crossovers, crossovers[1:])
+steady = None not in crossovers and all(a < b for a, b in pairs)
+verdict = ("moves right with every doubling of D, as the count predicts" if steady
+           else "does not move right with every doubling of D")
+print(f"the crossover {verdict}")
 
 # %% [markdown]
-# In the run shown here the state step takes the same time at every position (the flat
-# dashed lines), and the KV step grows about linearly with $t$ once past its fixed cost. The
-# work count predicts that the crossover moves right as $D$ grows: at a fixed width $C$ the
-# state step's work is proportional to $H D^2 = C D$, so larger heads make it dearer, while the
-# KV step's, proportional to $t\,C$, does not depend on $D$. The measurements follow that only
-# in part: the crossover (the "KV slower from t" column) moves from $t = 45$ at $D = 32$ to
-# $t = 256$ at $D = 64$, but comes back to $t = 91$ at $D = 128$, whose state step is faster than
-# at $D = 64$ and whose KV step is the slowest of the three. The measured crossover is within a
-# small factor of $D$ (the `t / D` column, 0.7 to 4) rather than at $t = D$ exactly, because
-# each step also pays a fixed cost for launching its few operations.
+# The state step's time does not depend on $t$; the KV step's grows about linearly once past
+# its fixed cost. At a fixed width the state step's work is proportional to
+# $H D^2 = d_{\text{model}} D$ and the KV step's to $t\,d_{\text{model}}$, so the count predicts
+# a crossover that moves right as $D$ grows; the last line above says whether the measurement
+# follows. The crossover lies within a small factor of $D$ (column `t / D`), not at $t = D$,
+# because each step also pays a fixed cost for launching its operations, which the count
+# ignores.
 #
-# At long contexts the KV step's time is set by reading the cache, which holds hundreds of
-# megabytes here; the last two columns give the rate at which it reads it, in gigabytes per
-# second on one core. That is the post's memory-traffic argument: every step streams the whole cache
-# through the processor, while the state (512 KiB to 2 MiB for this layer and batch, whatever
-# $t$ is) is read and written once per step.
+# At long contexts the KV step's time is set by reading the cache (the last two columns give
+# the rate, in GB/s on one core). That is the post's memory-traffic argument: every step
+# streams the whole cache through the processor, while the state is read and written once.
 #
 # **Memory.** Per head, the cache grows by $2D$ numbers per token, the state stays at
 # $D^2 + D$. At the head size of Kimi Linear's KDA layers ($D = 128$) and a million tokens:
@@ -1057,20 +1036,17 @@ print(f"GPT-2 (D = 64): the cache is larger from t = {crossover_length_solution(
 # - Replacing $\exp(q \cdot k)$ by a kernel $\phi(q)\phi(k)^\top$ lets $\phi(q_t)$ come out of the
 #   attention sum: $o_t = \phi(q_t) S_t / (\phi(q_t) \cdot z_t)$ with a state
 #   $S_t = S_{t-1} + \phi(k_t)^\top v_t$, $z_t = z_{t-1} + \phi(k_t)$ of fixed size $D_k D_v + D_k$.
-# - The token loop and the masked parallel form $(QK^\top \odot M)V$ agree to round-off
-#   (float64 and float32), and a prefill's final state continues token by token exactly.
-# - The post's block update $S \mathrel{+}= K^\top V$ before reading is right for one token and
-#   not causal for a block (and its normaliser is not summed over tokens); its token loop
-#   does not run as printed. The fixes are the causal forms above.
+# - The token loop and the masked parallel form $(QK^\top \odot M)V$ agree to round-off, and
+#   a prefill's final state continues token by token exactly.
+# - The post's block update is right for one token and not causal for a block (nor is its
+#   normaliser summed); its token loop does not run as printed.
 # - The kernel gives up softmax's sharpness: untrained ELU+1 weights are close to a plain
-#   running average; a second-order Taylor map imitates softmax well for small logits at the
-#   price of $1 + D + D^2$ features; the identity map breaks the normaliser.
-# - Decoding with the state costs the same at every position, while a KV-cache step grows
-#   with $t$; per head the work is equal near $t \approx D$ and the memory at $t \approx D/2$.
-#   Prefill with a Python token loop is slow for reasons of overhead, not arithmetic.
+#   running average; `taylor2` imitates softmax for small logits with $1 + D + D^2$ features.
+# - A state step costs the same at every position, a KV-cache step grows with $t$; a Python
+#   token loop is slow at prefill for reasons of overhead, not arithmetic.
 #
-# **Next.** The fixed state must hold everything. Chapter 4 treats it as an associative memory,
-# stores key-value pairs in it and measures how recall degrades as their number approaches $D$.
+# **Next.** The fixed state must hold everything. Chapter 4 treats it as an associative memory
+# and measures how recall degrades as the number of stored pairs approaches $D$.
 
 # %%
 print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")

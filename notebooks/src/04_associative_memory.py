@@ -16,20 +16,18 @@
 # # Associative memory: how much can a D×D state hold?
 #
 # Chapter 3 replaced the growing KV cache with a state of fixed size: linear attention folds
-# every key-value pair into one matrix, $S_t = S_{t-1} + k_t^\top v_t$, of $D_k \times D_v$
-# numbers, however long the sequence. Something must be lost. This chapter asks how much, with
-# no training at all: the state is an *associative memory*, a matrix that stores key→value pairs
-# by adding them up, and a key reads its value back together with *crosstalk* from every other
-# pair.
+# every key-value pair into one $D_k \times D_v$ matrix, $S_t = S_{t-1} + k_t^\top v_t$, however
+# long the sequence. Something must be lost. This chapter asks how much, with no training: the
+# state is an *associative memory*, a matrix that stores key→value pairs by adding them up, and
+# a key reads its value back together with *crosstalk* from every other pair.
 #
-# **In this chapter** you write pairs into a memory and read them back, prove recall is exact
-# for orthonormal keys (at most $D$ of them), derive the size of the crosstalk for random keys,
-# $\sqrt{(N-1)/D}$ per value coordinate, and check it against measurement; you find that no
-# choice of keys can do much better, measure recall against the load $N/D$ for several sizes,
-# and see why the positive feature maps of linear attention make the memory far worse.
+# **In this chapter** you write pairs into a memory and read them back, prove recall exact for
+# orthonormal keys, derive and measure the crosstalk of random keys, find that no keys do much
+# better, measure recall against the load $N/D$, and see why positive feature maps make the
+# memory far worse.
 #
-# **Cost.** About 15 seconds on one CPU core at full size (the last cell prints the time);
-# `SMOKE = True` runs in a few seconds.
+# **Cost.** About 15 seconds on one CPU core (the last cell prints the time); `SMOKE = True`
+# runs in a few seconds.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -73,6 +71,7 @@ import torch.nn.functional as F
 
 from tinyk3 import checks, memory
 from tinyk3.ops import feature_maps, linear_attention
+from tinyk3.util import max_diff
 from tinyk3.widgets import figure_png, image_grid_explorer
 
 DIMS = [8, 16] if SMOKE else [16, 32, 64, 128]  # state sizes D = Dk = Dv in the sweeps
@@ -82,26 +81,21 @@ WIDGET_D = 32
 WIDGET_N = [8, 64] if SMOKE else [8, 16, 32, 64, 128, 256]
 
 
-def max_diff(a, b):
-    return (a - b).abs().max().item()
-
-
 # %% [markdown]
 # ## The idea: a matrix that stores pairs
 #
-# Forget the queries of linear attention for a moment and look only at what its state does with
-# keys and values. Each token adds the outer product of its key and its value; later, a vector
-# multiplied into the state reads out a combination of the stored values. If that vector is one
-# of the stored keys, $k_i$, we would like to get back its own value, $v_i$. A matrix used this
-# way is an *associative memory*: Kohonen (1972) and Anderson (1972) called it a correlation
-# matrix memory, and Schmidhuber (1992) used one whose entries a network writes on the fly,
-# *fast weights*. Schlag, Irie and Schmidhuber (2021, "Linear Transformers Are Secretly Fast
-# Weight Programmers") pointed out that linear attention is exactly such a memory, and that its
-# capacity is therefore limited by the size of the keys. This chapter measures that limit.
+# Leave the queries aside and look at what the state does with keys and values. Each token
+# adds the outer product of its key and its value; a vector multiplied into the state reads out
+# a combination of the stored values. If that vector is a stored key $k_i$, we want its own
+# value $v_i$ back. A matrix used this way is an *associative memory*: Kohonen (1972) and
+# Anderson (1972) called it a correlation matrix memory, and Schmidhuber (1992) used one whose
+# entries a network writes on the fly, *fast weights*. Schlag, Irie and Schmidhuber (2021)
+# pointed out that linear attention is exactly such a memory, so its capacity is limited by
+# the size of the keys. This chapter measures that limit.
 #
-# The KV cache of chapter 2 is a memory too, but one with a separate slot per pair, so softmax
-# attention with a sharp enough score can pick out a single stored value however many there
-# are. The associative memory superposes all pairs in the same $D_k D_v$ numbers.
+# Chapter 2's KV cache is a memory too, with a separate slot per pair, so a sharp enough softmax
+# can pick out one stored value however many there are. The associative memory superposes all
+# pairs in the same $D_k D_v$ numbers.
 
 # %% [markdown]
 # ## The math: write, read, crosstalk
@@ -124,16 +118,15 @@ def max_diff(a, b):
 # \qquad\text{all at once: } K S = (K K^\top)\, V .
 # $$
 #
-# Everything is decided by the Gram matrix $G = K K^\top$ of the keys: recall is exact for every
-# pair exactly when $G = I$. (Papers write the transpose: $S = \sum_j v_j k_j^\top$, read
-# $S k_i$; see the [notation page](../book/notation.md).)
+# The Gram matrix $G = K K^\top$ of the keys decides everything: recall is exact for every pair
+# exactly when $G = I$. Papers write the transpose, $S = \sum_j v_j k_j^\top$ read by $S k_i$
+# (see the [notation page](../book/notation.md)).
 
 # %% [markdown]
 # ## Build it: write and read
 #
-# First the write, as a loop of outer products, against `tinyk3.memory.write` (one matrix
-# product) and against the state that chapter 3's linear attention ends with after reading the
-# same pairs as a sequence:
+# The write as a loop of outer products, against `tinyk3.memory.write` (one matrix product)
+# and the final state of chapter 3's linear attention over the same pairs as a sequence:
 
 # %%
 torch.manual_seed(0)
@@ -171,9 +164,9 @@ print(f"size of signal and crosstalk for key 3: "
       f"{signal.norm():.2f} and {crosstalk.norm():.2f}")
 
 # %% [markdown]
-# With these unnormalised random keys the crosstalk is larger than the signal: key 3 reads back
-# mostly other values. The rest of the chapter uses keys of unit length, $\|k_i\| = 1$, so the
-# signal is exactly $v_i$ and only the crosstalk remains to study.
+# With these unnormalised random keys the crosstalk is larger than the signal. From here on
+# keys have unit length, $\|k_i\| = 1$, so the signal is exactly $v_i$ and only the crosstalk
+# remains to study.
 
 # %% [markdown]
 # ## Exact recall for orthonormal keys, and why it stops at D
@@ -184,8 +177,8 @@ print(f"size of signal and crosstalk for key 3: "
 # K S = K K^\top V = V :
 # $$
 #
-# every value comes back exactly. `memory.orthonormal_keys` draws $N \le D$ of them (the rows
-# of a random orthogonal matrix); here $N = D = 64$ in float64:
+# every value comes back exactly. `memory.orthonormal_keys` draws $N \le D$ of them (rows of a
+# random orthogonal matrix); here $N = D = 64$ in float64:
 
 # %%
 D = 64
@@ -199,20 +192,21 @@ print(f"max |K S - V|        = {max_diff(memory.read(S, keys), values):.1e}")
 print(f"relative error       = {memory.relative_error(S, keys, values):.1e}")
 
 # %% [markdown]
-# A $D$-dimensional space holds at most $D$ orthonormal vectors, so this stops at $N = D$. The
-# limit is not only about the additive write. Whatever state $S$ we store, each column of the
-# read-outs $K S$ (one value coordinate, over all $N$ keys) is a combination of the $D_k$ columns
-# of $K$, so it lies in a subspace of $\mathbb{R}^N$ of dimension at most $D_k$; in particular
+# A $D$-dimensional space holds at most $D$ orthonormal vectors, so this stops at $N = D$, and
+# not only for the additive write. Whatever state $S$ we store, each column of the read-outs
+# $K S$ (one value coordinate, over all $N$ keys) is a combination of the $D_k$ columns of $K$,
+# so it lies in a subspace of $\mathbb{R}^N$ of dimension at most $D_k$:
 #
 # $$
 # \operatorname{rank}(K S) \le \operatorname{rank}(K) \le D_k .
 # $$
 #
 # For $N > D_k$, values in general position have columns outside that subspace, so no
-# $D_k \times D_v$ state can return them all exactly, whatever the keys. The best state in the
-# least-squares sense, $S^\ast = \arg\min_S \|K S - V\|^2 = K^{+} V$ (the pseudo-inverse), whose
-# read-out $K S^\ast$ is the projection of $V$ onto that subspace, shows it: its error is zero up
-# to $N = D$ and not beyond.
+# $D_k \times D_v$ state returns them all exactly, whatever the keys. The best state in the
+# least-squares sense shows it: $S^\ast = \arg\min_S \|K S - V\|^2 = K^{+} V$, where $K^{+}$, the
+# *pseudo-inverse* of $K$, is $K^\top (K K^\top)^{-1}$ for linearly independent keys and
+# $(K^\top K)^{-1} K^\top$ for keys that span $\mathbb{R}^{D_k}$. Its read-out $K S^\ast$ is the
+# projection of $V$ onto that subspace, and its error is zero up to $N = D$ and not beyond.
 
 # %%
 for N in (D // 2, D, D + 1, 2 * D):
@@ -226,18 +220,16 @@ for N in (D // 2, D, D + 1, 2 * D):
           f"relative error of the best state = {best_error:.2e}")
 
 # %% [markdown]
-# So $D$ is a hard ceiling for *exact* recall, and every memory with more pairs than that is
-# approximate. How approximate depends on the keys and on how the state is written. We take
-# them in turn: random keys with the additive write, the best keys, the best write.
+# So $D$ is a hard ceiling for *exact* recall. Beyond it, in turn: random keys with the
+# additive write, the best keys, the best write.
 
 # %% [markdown]
 # ## Random keys: the crosstalk, derived
 #
-# Take keys uniformly distributed on the unit sphere of $\mathbb{R}^D$ (normalised Gaussians;
-# `memory.random_unit_keys`), and values independent of the keys with zero-mean, unit-variance
-# coordinates. The crosstalk on coordinate $d$ of key $i$'s read-out is
-# $c_{id} = \sum_{j \ne i} (k_i \cdot k_j)\, v_{jd}$: a sum of independent zero-mean terms, so
-# (given the keys) its variance is the sum of their variances,
+# Take keys uniform on the unit sphere of $\mathbb{R}^D$ (`memory.random_unit_keys`), and values
+# independent of them with zero-mean, unit-variance coordinates. The crosstalk on coordinate
+# $d$ of key $i$'s read-out, $c_{id} = \sum_{j \ne i} (k_i \cdot k_j)\, v_{jd}$, is a sum of
+# independent zero-mean terms, so given the keys its variance is the sum of theirs:
 #
 # $$
 # \operatorname{Var}[c_{id} \mid K] = \sum_{j \ne i} (k_i \cdot k_j)^2 .
@@ -255,13 +247,10 @@ for N in (D // 2, D, D + 1, 2 * D):
 # = \sqrt{\frac{N-1}{D}} .
 # $$
 #
-# Nothing here is asymptotic, and $D_v$ does not appear: each value coordinate gets the same
-# noise. The relative error depends on $N$ and $D$ only through $(N-1)/D \approx N/D$, the
-# *load* of the memory, and reaches 1 (noise as large as the signal) at about $N = D$.
-#
-# The check: for $D = 64$ and several $N$, the measured variance of the read-out error per
-# coordinate (over many memories), the prediction from the actual keys
-# (`memory.crosstalk_std`, averaged), and the formula:
+# Nothing here is asymptotic, and $D_v$ does not appear: the error depends only on
+# $(N-1)/D \approx N/D$, the *load* of the memory, and reaches 1 (noise as large as the signal)
+# at about $N = D$. The check, for $D = 64$: the measured error variance per coordinate over
+# many memories, the prediction from the actual keys (`memory.crosstalk_std`), and the formula:
 
 # %%
 tinyk3.notebook.show_source(memory.crosstalk_std)
@@ -273,8 +262,7 @@ for N in (2, 16, 64, 256):
     # memories, so that each row averages the same number of pairs
     M = PAIRS_PER_POINT * 4 // N
     g = torch.Generator().manual_seed(N)
-    keys = (memory.random_unit_keys(M * N, D, generator=g, dtype=torch.float64)
-            .view(M, N, D))
+    keys = memory.random_unit_keys(N, D, batch=M, generator=g, dtype=torch.float64)
     values = torch.randn(M, N, D, generator=g, dtype=torch.float64)
     # the crosstalk   [M, N, D]
     err = memory.read(memory.write(keys, values), keys) - values
@@ -283,10 +271,9 @@ for N in (2, 16, 64, 256):
     print(f"{N:5d} {measured:16.4f} {given_keys:19.4f} {(N - 1) / D:8.4f}")
 
 # %% [markdown]
-# The three columns agree to within sampling noise (each row averages the same number of stored
-# pairs). At $N = D$ the read-out is already about as much crosstalk as value, although a $D \times D$
-# state has room for $D$ orthonormal keys: random keys waste that room, because they are not
-# orthogonal to each other.
+# The columns agree to within sampling noise. At $N = D$ the read-out is already as much
+# crosstalk as value, although the state has room for $D$ orthonormal keys: random keys waste
+# it.
 
 # %% [markdown]
 # ## Could better keys help? The Welch bound
@@ -302,10 +289,11 @@ for N in (2, 16, 64, 256):
 # \qquad \text{(Welch, 1974)},
 # $$
 #
-# with equality when all $\lambda_d = N/D$, i.e. $K^\top K = \tfrac{N}{D} I$: a *tight frame*.
-# `memory.harmonic_frame` builds one from cosines and sines at $D/2$ frequencies. Random keys
-# give $(N-1)/D$ on average, so the best unit keys save $(D-1)/D < 1$ of variance: little once
-# $N$ is a few times $D$.
+# with equality when all $\lambda_d = N/D$, i.e. $K^\top K = \tfrac{N}{D} I$. Such keys form a
+# *tight frame*: $N \ge D$ vectors that cover every direction of $\mathbb{R}^D$ equally, the
+# closest a set larger than $D$ comes to an orthonormal basis. `memory.harmonic_frame` builds
+# one from cosines and sines at $D/2$ frequencies. Random keys give $(N-1)/D$ on average, so
+# the best unit keys save $(D-1)/D < 1$ of variance: little once $N$ is a few times $D$.
 
 # %%
 D = 32
@@ -320,16 +308,15 @@ for N in (48, 64, 128, 256):
           f"{memory.min_crosstalk_std(N, D) ** 2:12.3f}")
 
 # %% [markdown]
-# The frame meets the bound exactly, and random keys are within one unit of variance of it.
-# Beyond $N = D$ the crosstalk of an additive memory is a property of its size, not of clever
+# The frame meets the bound exactly, and random keys are within one unit of variance of it:
+# beyond $N = D$ the crosstalk of an additive memory is a property of its size, not of clever
 # keys.
 #
-# The write is another matter. The least-squares state $S^\ast = K^+ V$ above reads back
-# $K S^\ast = P V$, the projection of the values onto the $D$-dimensional column space of $K$;
-# for random values a fraction $(N - D)/N$ of their energy lies outside it, so its relative
-# error is $\sqrt{\max(0, 1 - D/N)}$: below 1 at every load, and exactly 0 for *any* linearly
-# independent keys up to $N = D$, orthogonal or not. The additive write reaches that only for
-# orthonormal keys. The experiment measures both.
+# The write is another matter. The least-squares state $S^\ast = K^+ V$ reads back the
+# projection of the values onto the $D$-dimensional column space of $K$; for random values a
+# fraction $(N - D)/N$ of their energy lies outside it, so its relative error is
+# $\sqrt{\max(0, 1 - D/N)}$: below 1 at every load, and 0 for *any* linearly independent keys up
+# to $N = D$, orthogonal or not. The additive write reaches that only for orthonormal keys.
 
 # %% [markdown]
 # ## Experiment: recall against the load N/D
@@ -340,12 +327,12 @@ for N in (48, 64, 128, 256):
 #
 # - the **relative error** $\sqrt{\sum_i \|k_i S - v_i\|^2 / \sum_i \|v_i\|^2}$;
 # - the **recall accuracy**: the fraction of keys whose read-out is closer, by cosine similarity,
-#   to their own value than to any of the other $N - 1$ stored values. This is the question a
-#   later layer faces when it must tell *which* stored value came back.
+#   to their own value than to any of the other $N - 1$ stored values: the question a later
+#   layer faces when it must tell *which* stored value came back.
 #
 # Orthonormal keys ($N \le D$ only) and the least-squares state are measured alongside. Each
-# point averages over about 4,096 stored pairs (several memories for small $N$). A few seconds
-# at full size.
+# point averages over `PAIRS_PER_POINT` stored pairs (several memories for small $N$); a few
+# seconds.
 
 # %%
 tinyk3.notebook.show_source(memory.recall_accuracy)
@@ -353,28 +340,20 @@ tinyk3.notebook.show_source(memory.recall_accuracy)
 
 
 # %%
-def random_keys(M, N, D, g):
-    """M memories of N random unit keys each: [M, N, D]."""
-    return memory.random_unit_keys(M * N, D, generator=g).view(M, N, D)
-
-
-def orthonormal_keys(M, N, D, g):
-    """M memories of N ≤ D orthonormal keys each: [M, N, D]."""
-    return torch.stack([memory.orthonormal_keys(N, D, generator=g) for _ in range(M)])
-
-
 def sweep(make_keys, D, ns, least_squares=False, seed=0):
     """Store N random pairs in a D×D memory, for each N in ns; read every key back.
 
-    Returns a dict of tensors over ns: relative error, recall accuracy, and (if
-    least_squares) the relative error of the best state K⁺V for the same keys and
-    values.
+    make_keys(N, D, batch=M, generator=g) -> M memories of N keys, [M, N, D], like
+    memory.random_unit_keys and memory.orthonormal_keys. Returns a dict of tensors
+    over ns: relative error, recall accuracy, and (if least_squares) the relative
+    error of the best state K⁺V for the same keys and values.
     """
     g = torch.Generator().manual_seed(seed)
     out = {"N": list(ns), "error": [], "accuracy": [], "ls_error": []}
     for N in ns:
         M = max(1, PAIRS_PER_POINT // N)  # memories averaged over
-        keys, values = make_keys(M, N, D, g), torch.randn(M, N, D, generator=g)
+        keys = make_keys(N, D, batch=M, generator=g)
+        values = torch.randn(M, N, D, generator=g)
         S = memory.write(keys, values)  # [M, D, D]
         out["error"].append(memory.relative_error(S, keys, values))
         out["accuracy"].append(memory.recall_accuracy(S, keys, values))
@@ -387,8 +366,9 @@ def sweep(make_keys, D, ns, least_squares=False, seed=0):
 
 t0 = time.perf_counter()
 load_ns = {D: sorted({max(2, round(r * D)) for r in RATIOS.tolist()}) for D in DIMS}
-random_runs = {D: sweep(random_keys, D, load_ns[D], least_squares=True) for D in DIMS}
-ortho_runs = {D: sweep(orthonormal_keys, D, [n for n in load_ns[D] if n <= D])
+random_runs = {D: sweep(memory.random_unit_keys, D, load_ns[D], least_squares=True)
+               for D in DIMS}
+ortho_runs = {D: sweep(memory.orthonormal_keys, D, [n for n in load_ns[D] if n <= D])
               for D in DIMS}
 print(f"swept {sum(len(v) for v in load_ns.values())} (D, N) points "
       f"in {time.perf_counter() - t0:.1f} s")
@@ -412,8 +392,7 @@ print(f"orthonormal keys, all N ≤ D: largest relative error {largest_error:.1e
 #
 # Unlike the error, this is not a function of $N/D$: a wider state averages the crosstalk over
 # more coordinates, so the *identity* of the value survives far beyond the load where its
-# coordinates are mostly noise. The lower right panel of the figure below plots the accuracy
-# against $2 N \ln N / D^2$.
+# coordinates are mostly noise (lower right panel below).
 
 # %% mystnb={"figure": {"caption": "Recall from an additive $D \\times D$ memory of random unit keys. Top: the relative error against the load $N/D$ falls on one curve $\\sqrt{(N-1)/D}$ for every $D$, while the least-squares state (squares) stays below 1. Bottom left: the recall accuracy against the load. Bottom right: the same accuracies against $2N\\ln N/D^2$, where the curves for all $D$ nearly coincide and cross one half near 1.", "name": "fig-memory-load"}, "image": {"alt": "Three line plots, one wide panel on top and two below, with one colour per state size D from 16 to 128. Top: relative error against load N/D on a log axis, all sizes rising together along the black formula curve, squares for least squares levelling off below 1. Bottom left: recall accuracy against load, the curves dropping from 1 to 0 later for larger D. Bottom right: the same accuracies against 2 N ln N over D squared, nearly one curve crossing a dashed line at 1"}}
 colors = dict(zip(DIMS, plt.cm.viridis(torch.linspace(0, 0.85, len(DIMS)).tolist())))
@@ -453,9 +432,9 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Crosses are orthonormal keys ($N \le D$: error 0, accuracy 1); squares are the least-squares
-# state for the same random keys. The numbers behind the accuracy panels: the load at which half
-# of the keys are still recalled, interpolated from the sweep, next to the $N$ that solves
+# Crosses are orthonormal keys ($N \le D$: error 0, accuracy 1); squares the least-squares
+# state for the same random keys. Behind the accuracy panels: the $N$ at which half of the keys
+# are still recalled, interpolated from the sweep, next to the $N$ that solves
 # $2 N \ln N = D^2$.
 
 # %%
@@ -490,27 +469,25 @@ for D in DIMS:
           f"{rule_n(D):13.0f} {rule_n(D) / n50:16.2f}")
 
 # %% [markdown]
-# What the run shows:
+# What the sweep shows:
 #
 # - **The error collapses.** Measured relative errors for every $D$ lie on one curve,
-#   $\sqrt{(N-1)/D}$, as derived: the error is a function of the load alone, and it is already
-#   about 1 at $N = D$ (the column "error at N = D"). A D×D additive memory gives back values
-#   buried in noise long before it "runs out of room".
+#   $\sqrt{(N-1)/D}$: a function of the load alone, already about 1 at $N = D$ (the column
+#   "error at N = D"). A $D \times D$ additive memory gives back values buried in noise long
+#   before it "runs out of room".
 # - **The best write is much better.** The least-squares state (squares) is exact up to $N = D$
 #   for the same non-orthogonal keys and stays below error 1 at every load. The additive write's
-#   weakness is not only the state's size: it is that it never looks at what is already stored.
-# - **Identification lasts longer, and longer for wider states.** The half-recall point moves
-#   from $N \approx 2.4D$ at $D = 16$ to $N \approx 10D$ at $D = 128$, and the rule
-#   $2 N \ln N = D^2$ tracks it, a little low, within about 10% at every size (last column); in
-#   the rescaled panel the curves nearly coincide. A wide value vector averages the crosstalk over many coordinates.
+#   weakness is not only the state's size: it never looks at what is already stored.
+# - **Identification lasts longer, and longer for wider states.** The half-recall load
+#   (column "(N/D)") grows with $D$, and the rule $2 N \ln N = D^2$ tracks it to within the
+#   ratio in the last column; in the rescaled panel the curves nearly coincide.
 
 # %% [markdown]
 # ## Positive keys: why ELU+1 features hold so little
 #
-# Chapter 3 passes keys through a positive feature map, $\phi = \mathrm{ELU} + 1$, so that every
-# score $\phi(q)\cdot\phi(k)$ is positive and the output can be normalised into a weighted
-# average. For the memory this is bad news: every overlap $k_i \cdot k_j$ is now positive, so
-# the crosstalk terms no longer cancel on average. For unit-length feature keys
+# Chapter 3 passes keys through $\phi = \mathrm{ELU} + 1$ so that every score is positive and the
+# output can be normalised. For the memory this is bad news: every overlap $k_i \cdot k_j$ is
+# now positive, so the crosstalk terms no longer cancel on average. For unit-length keys
 # $k = \phi(x)/\|\phi(x)\|$ with Gaussian pre-activations $x$, the law of large numbers gives
 # $k_i \cdot k_j \to \bar c = \mathbb{E}[\phi(x)]^2 / \mathbb{E}[\phi(x)^2]$ as $D$ grows, and
 # so the crosstalk variance is about
@@ -520,8 +497,8 @@ for D in DIMS:
 # \qquad \text{relative error} \approx \bar c\, \sqrt{N-1} ,
 # $$
 #
-# which grows with $N$ at *any* $D$: a wider state does not reduce it. The constant, by quadrature
-# over the Gaussian density, and the measured mean overlap of such keys:
+# which grows with $N$ at *any* $D$. The constant, by quadrature over the Gaussian density, and
+# the measured mean overlap of such keys:
 
 # %%
 x = torch.linspace(-12, 12, 200_001, dtype=torch.float64)
@@ -531,28 +508,29 @@ c_bar = torch.trapezoid(phi * density, x) ** 2 / torch.trapezoid(phi**2 * densit
 print(f"c̄ = E[φ]² / E[φ²] = {c_bar:.4f} for φ = ELU+1 and x ~ N(0, 1)")
 
 
-def elu_keys(M, N, D, g):
-    """M memories of N unit-length ELU+1 keys (Gaussian pre-activations): [M, N, D]."""
-    x = torch.randn(M, N, D, generator=g)  # pre-activations
+def elu_keys(N, D, *, batch, generator):
+    """`batch` memories of N unit-length ELU+1 keys (Gaussian pre-activations):
+    [batch, N, D], called like memory.random_unit_keys."""
+    x = torch.randn(batch, N, D, generator=generator)  # pre-activations
     return F.normalize(feature_maps.elu_plus_one(x), dim=-1)
 
 
 for D in DIMS:
-    k = elu_keys(1, 256, D, torch.Generator().manual_seed(D))[0]
+    k = elu_keys(256, D, batch=1, generator=torch.Generator().manual_seed(D))[0]
     gram = k @ k.T
     off_diagonal = gram[~torch.eye(256, dtype=torch.bool)]
     print(f"D = {D:3d}: mean k_i·k_j (i ≠ j) = {off_diagonal.mean():.4f}, "
           f"smallest = {gram.min():.3f}")
 
 # %% [markdown]
-# Every overlap is large and positive. The experiment: the same sweep, now over absolute $N$,
-# with ELU+1 keys and with random unit keys, for every $D$. A few seconds at full size.
+# Every overlap is large and positive. The experiment: the same sweep over absolute $N$, with
+# ELU+1 keys and with random unit keys, for every $D$; a few seconds.
 
 # %% mystnb={"figure": {"caption": "An additive memory with ELU+1 keys (solid) and with random unit keys (dashed). Top: with ELU+1 keys the error follows $\\bar c\\sqrt{N-1}$ whatever the state size $D$, while random keys improve with every doubling of $D$. Bottom: recall accuracy against $N$.", "name": "fig-memory-elu-keys"}, "image": {"alt": "Two line plots against the number of stored pairs N on a log axis, one colour per state size D. Top, log-log relative error: the solid ELU+1 lines for all D lie on one gray line that rises to about 15, the dashed random-key lines sit lower and lower as D grows. Bottom, recall accuracy: the solid lines fall to 0 within a few dozen pairs, the dashed lines stay near 1 much longer"}}
 t0 = time.perf_counter()
 ns = [2, 4, 8, 16, 32, 64, 128, 256, 512] if not SMOKE else [2, 8, 32]
 elu_runs = {D: sweep(elu_keys, D, ns, seed=1) for D in DIMS}
-rand_runs_n = {D: sweep(random_keys, D, ns, seed=1) for D in DIMS}
+rand_runs_n = {D: sweep(memory.random_unit_keys, D, ns, seed=1) for D in DIMS}
 print(f"ELU+1 and random-key sweeps: {time.perf_counter() - t0:.1f} s")
 
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4))
@@ -574,8 +552,8 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The ELU+1 error curves (solid) lie on top of each other and on $\bar c\sqrt{N-1}$: doubling
-# the state's width buys nothing, while random keys (dashed) improve with every doubling. The
+# The ELU+1 error curves (solid) lie on each other and on $\bar c\sqrt{N-1}$: doubling the
+# state's width buys nothing, while random keys (dashed) improve with every doubling. The
 # accuracy with ELU+1 keys improves with $D$, but slowly; the number of pairs recalled half of
 # the time, for both kinds of keys:
 
@@ -586,8 +564,8 @@ for D in DIMS:
           f"{half_recall_n(random_runs[D]):17.0f}")
 
 # %% [markdown]
-# The crosstalk formula still predicts the error once it is given the actual keys, because the
-# derivation only assumed independent values. For the largest $D$:
+# The crosstalk formula still predicts the error given the actual keys, since the derivation
+# only assumed independent values. For the largest $D$:
 
 # %%
 D = DIMS[-1]
@@ -597,7 +575,8 @@ print(f"{'N':>5s} {'measured error':>15s} {'from crosstalk_std':>19s} "
       f"{'c̄ √(N−1)':>10s} {'random keys, √((N−1)/D)':>24s}")
 for N in ns[::2]:
     M = max(1, PAIRS_PER_POINT // N)
-    keys, values = elu_keys(M, N, D, g), torch.randn(M, N, D, generator=g)
+    keys = elu_keys(N, D, batch=M, generator=g)
+    values = torch.randn(M, N, D, generator=g)
     measured = memory.relative_error(memory.write(keys, values), keys, values)
     predicted = memory.crosstalk_std(keys).pow(2).mean().sqrt().item()
     print(f"{N:5d} {measured:15.3f} {predicted:19.3f} {c_bar * math.sqrt(N - 1):10.3f} "
@@ -612,7 +591,7 @@ for N in ns[::2]:
 
 # %%
 for N in (4, 16, 64, 256):
-    k = elu_keys(1, N, DIMS[-1], torch.Generator().manual_seed(N))[0]
+    k = elu_keys(N, DIMS[-1], batch=1, generator=torch.Generator().manual_seed(N))[0]
     gram = k @ k.T
     w_self = (gram.diagonal() / gram.sum(-1)).mean().item()
     w_rule = 1 / (1 + c_bar * (N - 1))
@@ -621,39 +600,40 @@ for N in (4, 16, 64, 256):
 
 # %% [markdown]
 # This is the capacity problem of linear attention with positive feature maps, seen without
-# any training: the positive features that make the normaliser safe also make every key
-# overlap every other. Chapter 5's DeltaNet takes keys through an L2 normalisation (so a stored
-# value reads back at its own size, $\|k\|^2 = 1$) and, more importantly, changes the write.
+# training: the positive features that make the normaliser safe also make every key overlap
+# every other. Chapter 5's DeltaNet L2-normalises its keys (so a stored value reads back at its
+# own size) and, more importantly, changes the write.
 
 # %% [markdown]
 # ## See it: the Gram matrix and the read-out
 #
-# Pick a kind of key with the first slider (the best unit keys, which are orthonormal up to
-# $N = D$ and a tight frame beyond; random unit keys; ELU+1 keys) and the number of stored
-# pairs $N$, from 8 to 256, with the second, in a memory of size $D = 32$. Left: the overlaps
-# $k_i\cdot k_j$ among the first 32 keys (the identity is perfect recall). Right: read-out against true value for the
-# first 8 coordinates of every pair (the diagonal is perfect recall), with the measured crosstalk
-# and its expectation over random values given the keys, $\sqrt{\operatorname{mean}_i
-# \sum_{j\ne i}(k_i\cdot k_j)^2}$. The pictures are precomputed, so the sliders also work on the
-# website; about 5 seconds at full size.
+# The sliders pick a kind of key (the best unit keys: orthonormal up to $N = D$, a tight frame
+# beyond; random unit keys; ELU+1 keys) and the number of stored pairs $N$, for $D = 32$.
+# Left: the overlaps $k_i\cdot k_j$ of the first 32 keys. Right: read-out against true value
+# for the first 8 coordinates of every pair (the diagonal is perfect recall), with the
+# measured crosstalk and its expectation given the keys. The pictures are precomputed, so the
+# sliders also work on the website; about 5 seconds.
 #
-# One memory is one sample, so the measured crosstalk scatters around its expectation. It
-# scatters most for ELU+1 keys: there the crosstalk is mostly the same vector
-# $\bar c \sum_j v_j$ for every key, which shows as horizontal bands in the read-outs (one band
-# per coordinate), and a single draw of that vector can be larger or smaller than average.
+# One memory is one sample, so the measured crosstalk scatters around its expectation, most for
+# ELU+1 keys, whose crosstalk is mostly one vector $\bar c \sum_j v_j$ for every key: the
+# horizontal bands in the read-outs.
 
 # %%
-def best_keys(M, N, D, g):
-    return orthonormal_keys(M, N, D, g) if N <= D else memory.harmonic_frame(N, D)[None]
+def best_keys(N, D, *, batch, generator):
+    """Orthonormal keys up to N = D, a tight frame beyond (one for all memories)."""
+    if N <= D:
+        return memory.orthonormal_keys(N, D, batch=batch, generator=generator)
+    return memory.harmonic_frame(N, D).expand(batch, N, D)
 
 
-KINDS = [("best unit keys", best_keys), ("random unit keys", random_keys),
+KINDS = [("best unit keys", best_keys), ("random unit keys", memory.random_unit_keys),
          ("ELU+1 keys", elu_keys)]
 
 
 def memory_png(kind, make_keys, N, D=WIDGET_D):
     g = torch.Generator().manual_seed(N)
-    keys, values = make_keys(1, N, D, g)[0], torch.randn(N, D, generator=g)
+    keys = make_keys(N, D, batch=1, generator=g)[0]
+    values = torch.randn(N, D, generator=g)
     S = memory.write(keys, values)
     reads = memory.read(S, keys)
     measured = (reads - values).pow(2).mean().sqrt().item()
@@ -804,28 +784,21 @@ print(f"N = 512, D = 64: mean crosstalk_std² = {mean_variance:.3f}, "
 # %% [markdown]
 # ## Summary
 #
-# - The state of linear attention is an associative memory: $S = \sum_j k_j^\top v_j$, read
-#   $k_i S = \|k_i\|^2 v_i + \sum_{j\ne i}(k_i\cdot k_j) v_j$. The Gram matrix of the keys
-#   decides what comes back.
-# - Recall is exact for orthonormal keys, and no $D_k \times D_v$ state read linearly can return
-#   more than $D_k$ values in general position exactly ($\operatorname{rank} KS \le D_k$).
-# - For random unit keys the crosstalk has variance exactly $(N-1)/D$ per value coordinate, so
-#   the relative error is $\sqrt{(N-1)/D}$: one curve for every $D$, measured to match, and
-#   already about 1 at $N = D$. No unit keys do better than $\sqrt{N/D - 1}$ (Welch's bound,
-#   met by a tight frame).
-# - Telling *which* stored value came back is easier: it lasts until roughly $2N\ln N \approx D^2$.
-# - Positive feature maps (ELU+1) make every overlap positive, $k_i\cdot k_j \approx \bar c
-#   \approx 0.69$, and the error grows as $\bar c\sqrt{N-1}$ whatever $D$. Half of the keys are
-#   recalled up to only about 4.5 to 12 pairs for $D$ from 16 to 128 (random unit keys: 38 to 1288).
-# - The additive write is far from the best the state can hold: the least-squares state is
-#   exact up to $N = D$ for any independent keys.
+# - The state of linear attention is an associative memory, $S = \sum_j k_j^\top v_j$; the Gram
+#   matrix of the keys decides what a key reads back. Recall is exact for orthonormal keys, and
+#   no state returns more than $D_k$ values in general position exactly.
+# - For random unit keys the relative error is $\sqrt{(N-1)/D}$, about 1 at $N = D$; no unit
+#   keys do better than $\sqrt{N/D - 1}$ (Welch's bound, met by a tight frame). Telling *which*
+#   value came back lasts until roughly $2N\ln N \approx D^2$.
+# - ELU+1 keys overlap by about $\bar c$ each, so the error grows as $\bar c\sqrt{N-1}$ whatever
+#   $D$.
+# - The least-squares state is exact up to $N = D$ for any independent keys: the additive write
+#   is far from the best the state can hold.
 #
-# **Next.** The additive memory never overwrites and never forgets: writing a new value under an
-# old key adds to the old value instead of replacing it, and every pair stays in the sum forever.
-# Chapter 5's delta rule *reads before it writes*: it retrieves what the state holds at $k_t$ and
-# stores only the difference $v_t - k_t S_{t-1}$. That is one gradient step on
-# $\tfrac12\|k_t S - v_t\|^2$ per token: stochastic gradient descent on the least-squares
-# objective whose minimiser is the best state measured here.
+# **Next.** The additive memory never overwrites: a new value under an old key is added to the
+# old one, and every pair stays in the sum. Chapter 5's delta rule *reads before it writes*,
+# storing only $v_t - k_t S_{t-1}$: one gradient step per token on $\tfrac12\|k_t S - v_t\|^2$,
+# the least-squares objective whose minimiser is the best state measured here.
 #
 # **References.** T. Kohonen, "Correlation matrix memories", *IEEE Trans. Computers* C-21, 1972.
 # J. A. Anderson, "A simple neural network generating an interactive memory", *Mathematical

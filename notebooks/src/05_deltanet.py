@@ -15,25 +15,21 @@
 # %% [markdown]
 # # DeltaNet: the delta rule, a fast-weight programmer
 #
-# Chapter 4 measured the state of linear attention as an associative memory and ended on its
-# two blind spots: the additive write $S \mathrel{+}= k^\top v$ can neither overwrite nor forget.
-# Writing a new value under a key that is already stored adds it to the old one, and every pair
-# stays in the sum for good, so the crosstalk only grows. DeltaNet changes one line. Before it
-# writes, a token *reads* what the state holds at its key, and writes back only the difference
-# between the value it brings and the value already there, scaled by a learned write strength
-# $\beta_t$. That is Widrow and Hoff's delta rule, applied to a matrix of *fast weights* that the
-# network programs as it reads.
+# Chapter 4 ended on the two blind spots of linear attention's memory: the additive write
+# $S \mathrel{+}= k^\top v$ can neither overwrite nor forget. A new value written under a stored
+# key adds to the old one, and every pair stays in the sum for good. DeltaNet changes one line:
+# before it writes, a token *reads* what the state holds at its key and writes back only the
+# difference between its value and that one, scaled by a learned write strength $\beta_t$. That
+# is Widrow and Hoff's delta rule, applied to a matrix of *fast weights* that the network
+# programs as it reads.
 #
-# **In this chapter** you build the delta rule as a token loop and check it equal to `tinyk3`'s
-# two forms of it (the loop and a one-block triangular solve); prove that each write is one step
-# of gradient descent on $\tfrac12\|k S - v\|^2$; find the eigenvalues of the write, and with
-# them why the keys must be normalised; overwrite a memory with the delta rule and with the
-# additive rule and compare what comes back; train softmax attention, linear attention and
-# DeltaNet on multi-query associative recall; and find and fix an error in the post's DeltaNet
-# listing (a prefill that reads the state once for all its tokens).
+# **In this chapter** you build the delta rule as a token loop and check it against `tinyk3`'s
+# loop and one-block triangular solve; show that each write is a gradient step; find the
+# eigenvalues of a write and why keys are normalised; overwrite a memory with both rules;
+# train three mixers on associative recall; and fix the post's DeltaNet prefill.
 #
-# **Cost.** Two to two and a half minutes on one CPU core at full size, almost all of it in the
-# training experiment (the last cell prints the time); `SMOKE = True` runs in a few seconds.
+# **Cost.** A few minutes on one CPU core, almost all of it in the training experiment (the
+# last cell prints the time); `SMOKE = True` runs in seconds.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -76,10 +72,13 @@ import torch
 import torch.nn.functional as F
 
 from tinyk3 import checks, memory
+from tinyk3.bench import stamp
 from tinyk3.data import mqar, mqar_seq_len, recall_accuracy
 from tinyk3.models import MixerConfig, MixerLM
-from tinyk3.ops import delta_rule
+from tinyk3.ops import delta_rule, feature_maps
+from tinyk3.timing import time_fn
 from tinyk3.train import train_batches
+from tinyk3.util import max_diff
 
 DIMS = [8, 16] if SMOKE else [16, 32, 64]  # memory sizes D in the overwrite experiment
 LOADS = [0.125, 0.25, 0.5, 1, 2, 4] if not SMOKE else [0.25, 1, 4]  # N/D
@@ -87,16 +86,11 @@ PAIRS_PER_POINT = 256 if SMOKE else 2048  # stored pairs averaged over per point
 NORM_STEPS = 60 if SMOKE else 300  # writes in the stability experiment
 TIMING_REPEATS = 2 if SMOKE else 5
 
-
-def max_diff(a, b):
-    return (a - b).abs().max().item()
-
-
 # %% [markdown]
 # ## The problem: a memory that can only add
 #
-# Store four pairs in an additive memory with orthonormal keys (so there is no crosstalk at
-# all, chapter 4), then store four *new* values under the same four keys, and read the keys:
+# Store four pairs in an additive memory with orthonormal keys (no crosstalk, chapter 4), then
+# four *new* values under the same keys, and read the keys:
 
 # %%
 D = 8
@@ -112,12 +106,10 @@ print(f"max |read - (v_old + v_new)| = {max_diff(reads, v_old + v_new):.1e}")
 print(f"max |read - v_new|           = {max_diff(reads, v_new):.2f}")
 
 # %% [markdown]
-# Each key returns the sum of everything ever written under it. Nothing in
-# $S \mathrel{+}= k^\top v$ can remove a stored value: the only way to change what a key reads
-# is to add something more. Schlag, Irie and Schmidhuber (2021) put the consequence plainly:
-# once a sequence holds more associations than the state can store, a purely additive memory
-# keeps piling them up, while what it needs is to decide which associations to keep and which to
-# replace.
+# Each key returns the sum of everything written under it: $S \mathrel{+}= k^\top v$ can only
+# add. Schlag, Irie and Schmidhuber (2021) put the consequence plainly: once a sequence holds
+# more associations than the state can store, an additive memory keeps piling them up, where
+# it should decide which to keep and which to replace.
 
 # %% [markdown]
 # ## The idea: read what is there, write the difference
@@ -139,29 +131,28 @@ print(f"max |read - v_new|           = {max_diff(reads, v_new):.2f}")
 #
 # With a unit key, $\|k_t\| = 1$, reading the new state at $k_t$ gives
 # $k_t S_t = (1 - \beta_t)\, v^{\text{old}}_t + \beta_t v_t$: the stored value moves a fraction
-# $\beta_t$ of the way to the new one, and with $\beta_t = 1$ it *is* the new one. The second
-# form says the same as a transition matrix: $I - \beta_t k_t^\top k_t$ shrinks the state along
-# $k_t$ only (erase), and $\beta_t k_t^\top v_t$ is chapter 3's write.
+# $\beta_t$ of the way to the new one, and with $\beta_t = 1$ it *is* the new one. In the second
+# form the transition $F_t = I - \beta_t k_t^\top k_t$ shrinks the state along $k_t$ only
+# (erase), and $\beta_t k_t^\top v_t$ is chapter 3's write.
 #
 # This is the *delta rule* of Widrow and Hoff (1960), the least-mean-squares update of a linear
 # map, applied to a matrix that changes at every token. A network whose outputs program such a
 # matrix is Schmidhuber's (1992) *fast weight programmer*: the slow weights (the projections to
-# $q, k, v, \beta$) are trained by gradient descent, and they write the fast weights $S$ while
-# the sequence is read. Schlag, Irie and Schmidhuber (2021) showed that linear attention is the
-# additive special case and put the delta rule in its place, in a layer they called DeltaNet;
-# Yang et al. (2024, *Parallelizing Linear Transformers with the Delta Rule over Sequence
-# Length*) found how to train it in parallel over the sequence, and at scale. In their layer:
+# $q, k, v, \beta$), trained by gradient descent, write the fast weights $S$ as the sequence is
+# read. Schlag et al. (2021) showed linear attention to be the additive special case and put
+# the delta rule in its place (DeltaNet); Yang et al. (2024) parallelised it over the sequence.
+# In their layer:
 #
 # - $q_t$ and $k_t$ are projections of $x_t$ passed through SiLU and **L2-normalised** per head
-#   (a section below shows why the normalisation is not optional);
-# - $\beta_t = \operatorname{sigmoid}(w_\beta \cdot x_t)$ per head and token, so the network
+#   (a section below shows why);
+# - $\beta_t = \operatorname{sigmoid}(w_\beta \cdot x_t)$ per head and token: the network
 #   decides how hard each token writes;
 # - there is no normaliser $q_t \cdot z_t$ as in chapter 3: $o_t = q_t S_t$.
 #
-# **The papers' layout.** Yang et al. write column vectors and a state $S \in
+# **The papers' layout.** Yang et al. write column vectors and $S \in
 # \mathbb{R}^{D_v \times D_k}$: $S_t = S_{t-1}\big(I - \beta_t k_t k_t^\top\big) + \beta_t v_t
-# k_t^\top$, $o_t = S_t q_t$. Their $S$ is our $S^\top$ (see the
-# [notation page](../book/notation.md)); a check below computes both.
+# k_t^\top$, $o_t = S_t q_t$. Their $S$ is our $S^\top$
+# ([notation page](../book/notation.md)); a check below computes both.
 
 # %% [markdown]
 # ## Build it: the token loop
@@ -190,8 +181,8 @@ def delta_rule_loop(q, k, v, beta):
 
 
 # %% [markdown]
-# First the overwrite from above, as a sequence of eight tokens (the four old pairs, then the
-# four new values under the same keys), with $\beta = 1$, reading each key at the end:
+# The overwrite from above as eight tokens (the four old pairs, then the four new values),
+# with $\beta = 1$, reading each key at the end:
 
 # %%
 seq_k = torch.cat([keys, keys])[None, None]  # [1, 1, 8, D]
@@ -203,8 +194,8 @@ print(f"delta rule: max |read - v_new| = {max_diff(reads, v_new):.1e}")
 
 # %% [markdown]
 # Every key now returns its new value and nothing of the old one. The loop against
-# `tinyk3.ops.delta_rule.recurrent` (the same loop, with the state accumulated in float32 or
-# float64), for random unit keys and queries and random write strengths, in both precisions:
+# `tinyk3.ops.delta_rule.recurrent`, for random unit keys and queries and random write
+# strengths, in both precisions:
 
 # %%
 torch.manual_seed(1)
@@ -223,8 +214,8 @@ for dtype in (torch.float64, torch.float32):
           f"final state {max_diff(S_mine, S_lib):.1e}")
 
 # %% [markdown]
-# Identical, in both precisions: the lib's loop does the same operations in the same order
-# (written with `einsum` instead of `@`). Here it is; from now on the chapter uses it.
+# Identical in both precisions: the lib's loop does the same operations in the same order,
+# with `einsum` for `@`. From now on the chapter uses it:
 
 # %%
 tinyk3.notebook.show_source(delta_rule.recurrent)
@@ -232,10 +223,10 @@ tinyk3.notebook.show_source(delta_rule.recurrent)
 # %% [markdown]
 # ### The same contract, solved as one triangular system
 #
-# The loop is exact but slow to train: one Python step per token, and autograd records every
-# one of them. `tinyk3.ops.delta_rule.parallel` has the same contract and computes the same
-# numbers without a loop over tokens. Unrolling the recurrence, $S_{t-1} = S_0 + \sum_{j<t}
-# k_j^\top u_j$, so the corrections $u_t = \beta_t (v_t - k_t S_{t-1})$ satisfy
+# The loop is slow to train: one Python step per token, each recorded by autograd.
+# `tinyk3.ops.delta_rule.parallel` has the same contract and no loop over tokens. Unrolled,
+# $S_{t-1} = S_0 + \sum_{j<t} k_j^\top u_j$, so the corrections
+# $u_t = \beta_t (v_t - k_t S_{t-1})$ satisfy
 #
 # $$
 # u_t + \beta_t \sum_{j<t} (k_t \cdot k_j)\, u_j = \beta_t \big(v_t - k_t S_0\big)
@@ -244,11 +235,13 @@ tinyk3.notebook.show_source(delta_rule.recurrent)
 #   = \operatorname{diag}(\beta)\,(V - K S_0),
 # $$
 #
-# a lower-triangular system with ones on the diagonal, solved in one call. Then
-# $O = Q S_0 + (Q K^\top \odot M)\, U$ (masked as in chapter 3) and $S_T = S_0 + K^\top U$.
-# It costs $O(T^2 D + T^3)$, fine for the short sequences of this chapter; chapters 7 and 8
-# derive it properly and make it the inside of a chunk. The check, and the speed of both for a
-# training step (forward and backward) of two heads over 64 tokens:
+# a unit lower-triangular system, solved in one call. Then
+# $O = Q S_0 + (Q K^\top \odot M)\, U$ ($M$ the causal mask with its diagonal, chapter 3)
+# and $S_T = S_0 + K^\top U$. Forming $K K^\top$ and $Q K^\top$ costs $O(T^2 D)$, and so does
+# the triangular solve: substitution with $D_v$ right-hand sides, no $T^3$ inverse. That is
+# fine for this chapter's short sequences; chapters 7 and 8 make it the inside of a chunk.
+# The check, and a training step (forward and backward) of both forms, two heads over 64
+# tokens, median of several runs (`tinyk3.timing`; quartiles in brackets):
 
 # %%
 for dtype in (torch.float64, torch.float32):
@@ -262,23 +255,21 @@ for dtype in (torch.float64, torch.float32):
           f"  max |parallel - my loop| {max_diff(o_par, o_mine):.1e}")
 
 
-def fwd_bwd_time(op, B=32, H=2, T=64, D=32, repeats=TIMING_REPEATS):
+def fwd_bwd_time(op, B=32, H=2, T=64, D=32):
     q, k = (F.normalize(torch.randn(B, H, T, D), dim=-1).requires_grad_()
             for _ in range(2))
     v = torch.randn(B, H, T, D, requires_grad=True)
     beta = torch.rand(B, H, T, requires_grad=True)
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        o, _ = op(q, k, v, beta)
-        o.sum().backward()
-        times.append(time.perf_counter() - t0)
-    return sorted(times[1:])[len(times[1:]) // 2]  # median, after one warm-up
+    return time_fn(lambda: op(q, k, v, beta)[0].sum().backward(),
+                   repeats=TIMING_REPEATS)
 
 
 t_rec, t_par = fwd_bwd_time(delta_rule.recurrent), fwd_bwd_time(delta_rule.parallel)
-print(f"forward + backward, B=32, H=2, T=64, D=32: recurrent {t_rec * 1e3:.0f} ms, "
-      f"parallel {t_par * 1e3:.0f} ms ({t_rec / t_par:.0f}x faster)")
+print(f"forward + backward, B=32, H=2, T=64, D=32: "
+      f"recurrent {t_rec * 1e3:.0f} ms ({t_rec.low * 1e3:.0f}-{t_rec.high * 1e3:.0f}), "
+      f"parallel {t_par * 1e3:.0f} ms ({t_par.low * 1e3:.0f}-{t_par.high * 1e3:.0f}): "
+      f"{t_rec / t_par:.0f}x faster")
+print(stamp())
 
 # %% [markdown]
 # **The papers' layout**, computed directly: a state $S^{\text{paper}} \in \mathbb{R}^{D_v \times
@@ -315,11 +306,10 @@ print(f"max |final S^paper - our S transposed|     = "
 #
 # One gradient step from $S_{t-1}$ with learning rate $\beta_t$ is
 # $S_{t-1} - \beta_t k_t^\top (k_t S_{t-1} - v_t) = S_{t-1} + k_t^\top \beta_t (v_t - k_t S_{t-1})$:
-# the delta rule, for any key. So DeltaNet's state is trained *online*, one gradient step per
-# token, on a regression from keys to values, and the state after $t$ tokens is the result of
-# that training. (Linear attention's write $k_t^\top v_t$ is the same step for the loss
-# $-k_t S v_t^\top$, which has no minimum: it only ever pushes.) Autograd agrees, for a unit key
-# and for a key of length 3:
+# the delta rule, for any key. DeltaNet's state is trained *online*, one gradient step per
+# token, on a regression from keys to values. Linear attention's write $k_t^\top v_t$ is the
+# same step for the loss $-k_t S v_t^\top$, which has no minimum. Autograd agrees, for a unit
+# key and for a key of length 3:
 
 # %%
 def delta_write(S, k, v, beta):
@@ -353,27 +343,26 @@ for name, k_t in (("unit key", unit_key), ("key of length 3", 3 * unit_key)):
               f"  ‖k S − v‖ after / before = {shrink:.3f} (1 − β‖k‖² = {factor:+.3f})")
 
 # %% [markdown]
-# The ratio in the last column is the whole story of this section. Along $k_t$ the residual after the step
-# is $k_t S_t - v_t = (1 - \beta_t \|k_t\|^2)(k_t S_{t-1} - v_t)$. With a unit key the step moves a
-# fraction $\beta_t$ of the way to the target, and with $\beta_t = 1$ it lands on it exactly: the
-# learning rate is the write strength. With $\|k_t\| = 3$ the same $\beta_t$ overshoots: at
-# $\beta_t = 0.3$ the residual flips sign and comes back larger, at $\beta_t = 1$ eight times
-# larger. The next section makes that precise.
+# The ratio in the last column is the point of this section. Along $k_t$ the residual after
+# the step is $k_t S_t - v_t = (1 - \beta_t \|k_t\|^2)(k_t S_{t-1} - v_t)$. With a unit key the
+# step moves a fraction $\beta_t$ of the way to the target and lands on it at $\beta_t = 1$:
+# the learning rate is the write strength. With $\|k_t\| = 3$ the same $\beta_t$ overshoots,
+# and the residual flips sign and grows (last two lines).
 
 # %% [markdown]
 # ## The eigenvalues of a write, and why keys are normalised
 #
-# Without the write term, a step maps $S \mapsto A_t S$ with $A_t = I - \beta_t k_t^\top k_t$, a
-# symmetric $D_k \times D_k$ matrix. Any vector $x$ orthogonal to $k_t$ has $x A_t = x$, and
-# $k_t A_t = k_t - \beta_t \|k_t\|^2 k_t$, so its eigenvalues are
+# Without the write term, a step maps $S \mapsto F_t S$ with $F_t = I - \beta_t k_t^\top k_t$, a
+# symmetric $D_k \times D_k$ matrix. Any vector $x$ orthogonal to $k_t$ has $x F_t = x$, and
+# $k_t F_t = k_t - \beta_t \|k_t\|^2 k_t$, so its eigenvalues are
 #
 # $$
 # \underbrace{1, \dots, 1}_{D_k - 1 \text{ times}}, \qquad 1 - \beta_t \|k_t\|^2 \ \ \text{(along } k_t\text{)}.
 # $$
 #
-# The state is left untouched in every direction but $k_t$'s, and along $k_t$ it is multiplied
-# by $1 - \beta_t\|k_t\|^2$. Numerically, for a unit key and for an unnormalised Gaussian key in
-# $D_k = 16$, with $\beta = 0.5$:
+# The state is untouched in every direction but $k_t$'s, and along $k_t$ multiplied by
+# $1 - \beta_t\|k_t\|^2$. Numerically, for a unit key and an unnormalised Gaussian key,
+# $D_k = 16$, $\beta = 0.5$:
 
 # %%
 D, b = 16, 0.5
@@ -381,8 +370,8 @@ g = torch.Generator().manual_seed(3)
 raw_key = torch.randn(D, generator=g, dtype=torch.float64)
 unit_key = F.normalize(raw_key, dim=0)
 for name, k_t in (("unit key", unit_key), ("raw Gaussian key", raw_key)):
-    A = torch.eye(D, dtype=torch.float64) - b * torch.outer(k_t, k_t)  # I − β kᵀk
-    eig = torch.linalg.eigvals(A)
+    F_t = torch.eye(D, dtype=torch.float64) - b * torch.outer(k_t, k_t)  # I − β kᵀk
+    eig = torch.linalg.eigvals(F_t)
     ones_ = (eig - 1).abs() < 1e-10
     other = eig[~ones_].real
     print(f"{name:17s} ‖k‖² = {k_t.dot(k_t):6.2f}: "
@@ -392,17 +381,17 @@ for name, k_t in (("unit key", unit_key), ("raw Gaussian key", raw_key)):
 
 # %% [markdown]
 # With $\|k_t\| = 1$ and $\beta_t \in [0, 1]$ the special eigenvalue lies in $[0, 1]$: every write
-# is non-expansive, $\|x A_t\| \le \|x\|$, and $\beta_t = 1$ makes $A_t$ the orthogonal projection
+# is non-expansive, $\|x F_t\| \le \|x\|$, and $\beta_t = 1$ makes $F_t$ the orthogonal projection
 # that removes the $k_t$ component. Without normalisation nothing bounds $\beta_t\|k_t\|^2$, and
-# once $\|k_t\|^2 > 2/\beta_t$ the factor $|1 - \beta_t\|k_t\|^2|$ exceeds 1: every write *amplifies*
-# what the state holds along its key (with a sign flip). A random unit direction carries on
-# average $1/D$ of the state's squared norm, so for keys of one length and random directions the
-# squared norm grows, in expectation, by the factor $1 + \big((1-\beta\|k\|^2)^2 - 1\big)/D$ per
-# write, and the norm by its square root: geometrically.
+# once $\|k_t\|^2 > 2/\beta_t$ the factor $|1 - \beta_t\|k_t\|^2|$ exceeds 1: every write
+# *amplifies* what the state holds along its key. A random unit direction carries on average
+# $1/D$ of the state's squared norm, so for keys of one length and random directions the squared
+# norm grows in expectation by $1 + \big((1-\beta\|k\|^2)^2 - 1\big)/D$ per write:
+# geometrically.
 #
-# The experiment: $D = 16$, $\beta = 0.5$, Gaussian values, random key directions; key lengths
+# The experiment: $D = 16$, $\beta = 0.5$, Gaussian values, random key directions, key lengths
 # with $\beta\|k\|^2 = 0.5$ (unit keys), $1.9$, $2.5$ and $3$, and raw Gaussian keys
-# ($\|k\|^2 \approx D$, so $\beta\|k\|^2 \approx 8$). A fraction of a second.
+# ($\beta\|k\|^2 \approx \beta D = 8$).
 
 # %% mystnb={"figure": {"caption": "Frobenius norm of a delta-rule state over 300 writes ($D = 16$, $\\beta = 0.5$), for keys of fixed lengths and for raw Gaussian keys, log scale. With $\\beta\\|k\\|^2 < 2$ the norm levels off; beyond it grows geometrically, and raw Gaussian keys grow fastest of all.", "name": "fig-deltanet-state-norm"}, "image": {"alt": "Line plot of the state norm against the number of writes on a logarithmic y axis: the lines for beta times squared key length 0.5 and 1.9 level off low down, those for 2.5 and 3.0 climb steadily, and the raw Gaussian key line climbs far above them, beyond 10 to the 60"}}
 def state_norms(keys, values, beta):
@@ -451,54 +440,48 @@ for name, n in norms.items():
     print(f"{name:>20s} {end:>17s} {measured:24.4f} {predicted:>10s}")
 float32_max = torch.finfo(torch.float32).max
 too_big = norms["raw Gaussian keys"] > float32_max
-when = int(too_big.nonzero()[0]) + 1 if too_big.any() else "never, in this run"
-print(f"raw Gaussian keys: ‖S‖ passes float32's largest number ({float32_max:.1e}) "
-      f"at write {when}")
+when = f"at write {int(too_big.nonzero()[0]) + 1}" if too_big.any() else "never"
+print(f"raw Gaussian keys: ‖S‖ passes float32's largest number ({float32_max:.1e}): "
+      f"{when}")
 
 # %% [markdown]
-# Both stable settings level off where erasing balances writing (measured growth close to 1
-# over the second half of the run; a predicted factor below 1 is only how fast the *initial*
-# state would be forgotten, the level itself is set by the writes). The unstable ones grow
-# geometrically, at close to the predicted rate once the state is large. Raw Gaussian keys
-# grow fastest of all, past the largest float32 number within the run (last line), which in a
-# model would mean infinities and then NaNs. This is why DeltaNet normalises $k$ (and $q$, so
-# that the read-out $q_t S_t$ has the scale of the stored values), and why $\beta_t$ is a
-# sigmoid.
+# Both stable settings level off where erasing balances writing: measured growth close to 1
+# over the second half of the run (a predicted factor below 1 only says how fast the *initial*
+# state is forgotten). The unstable ones grow geometrically, close to the predicted rate once
+# the state is large, and raw Gaussian keys grow fastest (last line): in a model, infinities
+# and then NaNs. This is why DeltaNet normalises $k$ (and $q$, so that $q_t S_t$ has the scale
+# of the stored values), and why $\beta_t$ is a sigmoid.
 
 # %% [markdown]
 # ## Experiment 1: overwriting a memory
 #
-# Now the test of the opening, at scale and without training: for a memory of size $D$, write
-# $N$ pairs $(k_i, v^{\text{old}}_i)$, then write each key again with a new value
-# $v^{\text{new}}_i$ (same order), and read every key. The same $2N$ tokens go into an additive
-# memory (chapter 4's `memory.write`) and a delta-rule memory with $\beta = 1$ (the final state
-# of `delta_rule.parallel`). Keys are unit vectors: random ones for every $N$, orthonormal ones
-# where $N \le D$. Three measurements, averaged over about 2,000 pairs per point:
+# The opening's test at scale, without training: in a memory of size $D$ write $N$ pairs
+# $(k_i, v^{\text{old}}_i)$, then each key again with a new value $v^{\text{new}}_i$, and read
+# every key; once additively (`memory.write`) and once with the delta rule at $\beta = 1$
+# (`delta_rule.parallel`'s final state). Keys are unit vectors: random for every $N$,
+# orthonormal where $N \le D$. Three measurements per point, averaged over many pairs (the
+# count is printed):
 #
 # - the **relative error against the new values**, $\sqrt{\sum_i \|k_i S - v^{\text{new}}_i\|^2 / \sum_i
 #   \|v^{\text{new}}_i\|^2}$;
 # - **which value comes back**: the fraction of keys whose read is closer (by cosine) to the new
-#   value than to the old one: one half is a coin flip;
+#   value than to the old one; one half is a coin flip;
 # - **how much of each**: the least-squares coefficients $a, b$ in
-#   $k_i S \approx a\, v^{\text{old}}_i + b\, v^{\text{new}}_i + \text{noise}$ (the values are
-#   independent, so
-#   $b = \sum_i \langle k_i S, v^{\text{new}}_i\rangle / \sum_i \|v^{\text{new}}_i\|^2$
-#   and likewise $a$).
+#   $k_i S \approx a\, v^{\text{old}}_i + b\, v^{\text{new}}_i + \text{noise}$; for independent
+#   values $b = \sum_i \langle k_i S, v^{\text{new}}_i\rangle / \sum_i \|v^{\text{new}}_i\|^2$,
+#   and likewise $a$.
 #
 # What to expect. The additive memory holds $\sum_i k_i^\top (v^{\text{old}}_i + v^{\text{new}}_i)$,
-# so $a = b = 1$: it returns the old and the new value in equal parts, plus chapter 4's
-# crosstalk. The delta rule with orthonormal keys replaces each value exactly. With random keys
-# it replaces too, but each later write at $k_j$ also erases the part of the state along $k_j$,
-# and with it a fraction $(k_i\cdot k_j)^2$, on average $1/D$, of key $i$'s new value. A value
-# followed by $m$ writes keeps about $(1 - 1/D)^m$ of itself: the memory forgets the oldest
-# first. Averaged over the $N$ rewritten keys ($m = 0, \dots, N-1$):
+# so $a = b = 1$ plus chapter 4's crosstalk. The delta rule with orthonormal keys replaces each
+# value exactly. With random keys each later write at $k_j$ also erases a fraction
+# $(k_i\cdot k_j)^2$, on average $1/D$, of key $i$'s new value, so a value followed by $m$
+# writes keeps about $(1 - 1/D)^m$ of itself: the oldest go first. Averaged over the $N$
+# rewritten keys ($m = 0, \dots, N-1$):
 #
 # $$
 # b \approx \frac{1}{N}\sum_{m=0}^{N-1}\Big(1 - \frac1D\Big)^m = \frac{D}{N}\Big(1 - \big(1 - \tfrac1D\big)^N\Big)
 # \approx \frac{1 - e^{-N/D}}{N/D} .
 # $$
-#
-# A few seconds at full size.
 
 # %%
 def overwrite_test(make_keys, D, N, M, g):
@@ -526,13 +509,11 @@ def overwrite_test(make_keys, D, N, M, g):
 
 
 def random_keys(M, N, D, g):
-    keys = memory.random_unit_keys(M * N, D, generator=g, dtype=torch.float64)
-    return keys.view(M, N, D)
+    return memory.random_unit_keys(N, D, batch=M, generator=g, dtype=torch.float64)
 
 
 def orthonormal_keys(M, N, D, g):
-    return torch.stack([memory.orthonormal_keys(N, D, generator=g, dtype=torch.float64)
-                        for _ in range(M)])
+    return memory.orthonormal_keys(N, D, batch=M, generator=g, dtype=torch.float64)
 
 
 t0 = time.perf_counter()
@@ -546,7 +527,8 @@ for D in DIMS:
         if N <= D:
             point = overwrite_test(orthonormal_keys, D, N, M, g)
             overwrite["orthonormal", D, N] = point
-print(f"{len(overwrite)} points in {time.perf_counter() - t0:.1f} s")
+print(f"{len(overwrite)} points of about {PAIRS_PER_POINT} pairs each, "
+      f"in {time.perf_counter() - t0:.1f} s")
 
 # %% mystnb={"figure": {"caption": "Overwriting $N$ pairs with new values, additive memory (solid) against the delta rule with $\\beta = 1$ (dashed), random unit keys. Top: error against the new values (crosses and pluses: orthonormal keys). Bottom left: how often the read is closer to the new value than to the old. Bottom right: the coefficients of the new and the old value in the read; the delta rule's coefficient of the new value follows $(1 - e^{-N/D})/(N/D)$.", "name": "fig-deltanet-overwrite"}, "image": {"alt": "Three line plots against the load N over D from 1/8 to 4, one colour per memory size. Top: the additive error rises from about 1 to 3 and the delta rule's from about 0.3 to 1.2, with orthonormal-key markers at 1 and at 0. Bottom left: the additive memory stays at one half while the delta rule starts near 1 and falls to between 0.7 and 0.8 at load 4. Bottom right: the additive coefficients stay near 1, the delta rule's new-value coefficient falls along a black curve to about 0.25 and its old-value coefficient stays at or below about 0.1"}}
 colors = dict(zip(DIMS, plt.cm.viridis(torch.linspace(0, 0.85, len(DIMS)).tolist())))
@@ -590,7 +572,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The numbers behind the plot for one size, $D = 32$ (or the largest size in a small run):
+# The numbers behind the plot for $D = 32$ (the largest size under `SMOKE`):
 
 # %%
 D = 32 if 32 in DIMS else DIMS[-1]
@@ -612,38 +594,31 @@ print(f"orthonormal keys, every D and N ≤ D: delta rule's largest error {worst
       f"additive's errors {min(additive_errors):.3f} to {max(additive_errors):.3f}")
 
 # %% [markdown]
-# What the run shows:
-#
-# - **The additive memory returns a mix.** Its coefficients are $a \approx b \approx 1$ at every
-#   load: each key reads the old and the new value in equal parts, so whether the read is closer
-#   to the new value is a coin flip (about one half, lower left panel). Its error against the new
-#   values is about 1 even with orthonormal keys (last line of the output: there the error *is*
-#   the old value), and grows with the crosstalk for random keys.
+# - **The additive memory returns a mix.** $a \approx b \approx 1$ at every load: each key reads
+#   the old and the new value in equal parts, and which is closer is a coin flip (lower left).
+#   Its error is about 1 even with orthonormal keys (last line: there the error *is* the old
+#   value), and grows with the crosstalk for random keys.
 # - **The delta rule replaces.** With orthonormal keys the new values come back exactly (the
-#   `+` marks at zero error). With random keys the old value is nearly gone ($a$ is 0.1 at
-#   most in the table) and up to $N = D$ the read is closer to the new value than to the old for
-#   95% of the keys or more at $D = 32$.
+#   `+` marks at zero). With random keys the old value is nearly gone (column $a$) and up to
+#   $N = D$ nearly every read is closer to the new value (column "newer").
 # - **What it keeps fades with later writes.** The coefficient of the new value follows
-#   $(1 - e^{-N/D})/(N/D)$ for every $D$ (last column of the table, and the black curve): the
-#   memory forgets in order of age, not all at once, and at $N \gg D$ only the recent pairs
-#   survive. That is the overcapacity behaviour Schlag et al. asked for, with one limitation that
-#   stays: the error against the new values is not small for random keys even below $N = D$,
-#   because one pass of the delta rule is one gradient step per pair, not the least-squares
-#   solution of chapter 4. Which pairs to keep is left to the keys and to $\beta_t$, and that is
-#   what training is for.
+#   $(1 - e^{-N/D})/(N/D)$ for every $D$ (last column, black curve): the memory forgets in order
+#   of age, and at $N \gg D$ only recent pairs survive: the overcapacity behaviour Schlag et
+#   al. asked for. The error stays well above zero for random keys even below $N = D$: one
+#   pass of the delta rule is one gradient step per pair, not chapter 4's least-squares
+#   solution.
 
 # %% [markdown]
 # ## Experiment 2: recall after training (MQAR)
 #
-# Everything so far used keys we chose. In a model the keys, values, queries and write strengths
-# are projections of the residual stream, learned by gradient descent (the *slow* weights). The
-# standard probe of whether a model can use its state as a memory is multi-query associative
-# recall (MQAR; Arora et al., 2024, *Zoology*), `tinyk3.data.mqar`: a context of $P$ key-value
-# token pairs, then the $P$ keys again in random order, and at each of them the model must
-# predict the value that followed it in the context. Keys come from the lower half of the
-# vocabulary, values from the upper half. We use the form without answers in the input
-# (`show_answers=False`), so a model that has learned to answer with *some* value from the
-# context but not the right one scores $1/P$. One example with $P = 4$, vocabulary 64:
+# So far we chose the keys. In a model, keys, values, queries and write strengths are learned
+# projections of the residual stream. The standard probe of whether a model can use its state
+# as a memory is multi-query associative recall (MQAR; Arora et al., 2024), `tinyk3.data.mqar`:
+# a context of $P$ key-value token pairs, then the $P$ keys again in random order, and at each
+# query the model must predict the value that followed that key. Keys come from the lower
+# half of the vocabulary, values from the upper half, distinct within an example, and the
+# answers are not shown in the input (`show_answers=False`). One example, $P = 4$,
+# vocabulary 64:
 
 # %% tags=["nbval-check-output"]
 VOCAB = 64
@@ -652,42 +627,40 @@ print("input: ", " ".join(f"{t:2d}" for t in x[0].tolist()))
 print("target:", " ".join(" ·" if t < 0 else f"{t:2d}" for t in y[0].tolist()))
 
 # %% [markdown]
-# **The design.** Three models of one family (`tinyk3.models.MixerLM`): 2 layers, width 64,
-# 2 heads of size $D = 32$, GPT-2's blocks, the same initialisation, and only the mixer
-# different: softmax attention (chapters 1 and 2), linear attention with ELU+1 (chapter 3) and
-# DeltaNet (this chapter; the layer runs a prompt through `delta_rule.parallel`). Two settings,
-# the same for all three:
+# **The design.** Three models of one family (`tinyk3.models.MixerLM`): 2 layers,
+# $d_{\text{model}} = 64$, 2 heads of size $D = 32$, GPT-2's blocks, the same initialisation,
+# and only the mixer different: softmax attention (chapters 1 and 2), linear attention with
+# ELU+1 (chapter 3) and DeltaNet (this chapter; a prompt runs through `delta_rule.parallel`).
+# The same two settings for all three:
 #
-# - **No position embeddings** (`pos_emb=False`), so a model trained on short sequences can be
-#   run on longer ones. We train on a mixture of pair counts, $P$ drawn uniformly from 1 to 8
-#   for each batch, and evaluate at $P$ from 1 to 32: up to 8 the question is whether a model
-#   learned to recall; beyond, whether its memory holds more pairs than it was trained on.
-# - **A short causal convolution** on $q$, $k$ and $v$ (`conv_size=4`: each channel of each
-#   projection becomes a learned mix of its own values at the current and the three previous
-#   tokens, followed by a SiLU, as in fla's DeltaNet layer and in Kimi Linear; chapter 12 returns
-#   to it). A value token must be stored under the key *before* it: with the convolution, $k_t$
-#   at a value token can be computed from the previous token and $v_t$ from the current one.
-#   Without it, a 2-layer model first has to learn to copy the previous token into each
-#   position (an induction circuit) before recall can begin: in calibration runs for this
-#   chapter (this design, without the convolution) all three models stayed at chance, $1/P$,
-#   for the whole budget.
+# - **No position embeddings** (`pos_emb=False`), so a model trained on short sequences runs
+#   on longer ones. Each batch has $P$ drawn uniformly from 1 to 8; evaluation goes to
+#   $P = 32$: up to 8 it asks whether a model learned to recall, beyond whether its memory
+#   holds more pairs than it was trained on.
+# - **A short causal convolution** on $q$, $k$ and $v$ (`conv_size=4`): each channel becomes a
+#   learned mix of its values at the current and three previous tokens, then a SiLU, as in
+#   fla's DeltaNet layer and Kimi Linear (chapter 12). A value must be stored under the key
+#   *before* it, and with the convolution $k_t$ at a value token can be computed from the
+#   previous token; without it a 2-layer model would first have to learn to copy the previous
+#   token into each position (an induction circuit).
 #
-# Training: AdamW at learning rate $10^{-2}$ with `tinyk3.train.train_batches` (its warm-up and
-# cosine schedule), batches of 64, the same number of steps and the same data for each model.
-# Each run takes well under a minute at full size on one core (the times are printed), DeltaNet
-# the longest: its triangular solve costs more than the fused softmax kernel.
+# Training: AdamW at learning rate $10^{-2}$ with `tinyk3.train.train_batches` (warm-up, cosine
+# schedule), batches of 64, the same steps and data for each model. Seed 0 trains all three;
+# the two fixed-state models, whose comparison is the one in doubt, are trained again from
+# another seed (initialisation and data both change) to show the spread.
 
 # %%
 PAIRS_TRAIN = 8  # P ~ U{1, ..., 8} per batch
 EVAL_PAIRS = [1, 2, 4, 8] if SMOKE else [1, 2, 4, 8, 12, 16, 24, 32]
-MQAR_STEPS = 20 if SMOKE else 800
+MQAR_STEPS = 20 if SMOKE else 640
 MQAR_BATCH = 64
 N_EVAL = 64 if SMOKE else 256  # held-out examples per pair count
 MIXERS = ["softmax", "linear", "deltanet"]
+SEEDS = {"softmax": [0], "linear": [0, 1], "deltanet": [0, 1]}
 
 
-def build(mixer):
-    torch.manual_seed(0)
+def build(mixer, seed):
+    torch.manual_seed(seed)
     # the length of a sequence at the largest P
     longest = mqar_seq_len(max(EVAL_PAIRS), show_answers=False)
     config = MixerConfig(vocab_size=VOCAB, block_size=longest, n_layer=2, n_head=2,
@@ -711,23 +684,29 @@ def accuracy_at(model, P):
         return recall_accuracy(model(x), y)
 
 
-mqar_runs = {}
-for mixer in MIXERS:
-    model = build(mixer)
-    result = train_batches(model, batch_fn, steps=MQAR_STEPS, lr=1e-2,
+def train_mqar(mixer, seed):
+    model = build(mixer, seed)
+    result = train_batches(model, batch_fn, steps=MQAR_STEPS, lr=1e-2, seed=seed,
                            warmup=min(50, MQAR_STEPS // 10),
                            eval_every=max(1, MQAR_STEPS // 16), progress=False,
                            eval_fn=lambda m: accuracy_at(m, PAIRS_TRAIN))
-    mqar_runs[mixer] = dict(model=model, result=result,
-                            accuracy={P: accuracy_at(model, P) for P in EVAL_PAIRS})
-    print(f"{mixer:8s}: {model.num_parameters():,} parameters, "
-          f"{MQAR_STEPS} steps in {result.seconds:.0f} s, "
-          f"final training loss {result.train_loss[-1]:.3f}")
+    return dict(model=model, result=result,
+                accuracy={P: accuracy_at(model, P) for P in EVAL_PAIRS})
+
+
+seed_runs = {}  # (mixer, seed) -> run
+for mixer in MIXERS:
+    for seed in SEEDS[mixer]:
+        run = seed_runs[mixer, seed] = train_mqar(mixer, seed)
+        print(f"{mixer:8s} seed {seed}: {run['model'].num_parameters():,} parameters, "
+              f"{MQAR_STEPS} steps in {run['result'].seconds:.0f} s, "
+              f"final training loss {run['result'].train_loss[-1]:.3f}")
+mqar_runs = {mixer: seed_runs[mixer, 0] for mixer in MIXERS}  # seed 0: the rest uses it
 
 # %% [markdown]
-# Before reading the results, the check promised above: the trained DeltaNet gives the same
-# logits with the token loop in place of the triangular solve (any function with the contract
-# can be passed to the layer as `op`).
+# Before the results, the check promised above: the trained DeltaNet gives the same logits with
+# the token loop in place of the triangular solve (the layer takes any function with the
+# contract as `op`).
 
 # %%
 model = mqar_runs["deltanet"]["model"]
@@ -744,18 +723,47 @@ print(f"trained DeltaNet, {x.shape[1]} tokens: "
       f"{max_diff(logits_parallel, logits_loop):.1e} "
       f"(logits up to {logits_loop.abs().max():.0f})")
 
-# %% mystnb={"figure": {"caption": "Multi-query associative recall with softmax attention, linear attention and DeltaNet, 2 layers of width 64, trained on $P \\le 8$ pairs. Top: held-out accuracy at $P = 8$ during training. Bottom: accuracy after training against the number of pairs $P$ in the context (shaded: the trained range; dotted: chance).", "name": "fig-deltanet-mqar"}, "image": {"alt": "Two line plots of recall accuracy. Top, against training step: softmax jumps to 1 by step 200, DeltaNet climbs to nearly 1 by step 800, linear attention rises slowly to about 0.45. Bottom, against pairs P from 1 to 32 on a log axis: softmax stays at 1, DeltaNet stays near 1 up to 8 and falls to about 0.5 at 32, linear attention falls from 1 to about 0.1, all above a dotted chance curve"}}
+# %% [markdown]
+# The chance levels, from the held-out examples themselves: a guesser that answers each query
+# with a value drawn uniformly from its context is right with probability (context values
+# equal to the answer) / $P$; one that draws from all value tokens of the vocabulary, with one
+# over their number.
+
+# %%
+def chance_at(P):
+    """Recall of a uniform guess among the context's values (held-out set at P)."""
+    x, y = held_out[P]
+    values, answers = x[:, 1 : 2 * P : 2], y[:, 2 * P :]  # [N, P] each
+    return (values[:, None, :] == answers[:, :, None]).double().mean(-1).mean().item()
+
+
+chance = {P: chance_at(P) for P in EVAL_PAIRS}
+value_tokens = torch.cat([held_out[P][0][:, 1 : 2 * P : 2].flatten()
+                          for P in EVAL_PAIRS])
+vocabulary_chance = 1 / value_tokens.unique().numel()
+print("chance, a value of the context: "
+      + " ".join(f"P={P} {c:.3f}" for P, c in chance.items()))
+print(f"chance, any of the {value_tokens.unique().numel()} value tokens: "
+      f"{vocabulary_chance:.3f}")
+
+# %% mystnb={"figure": {"caption": "Multi-query associative recall with softmax attention, linear attention and DeltaNet, 2 layers of width $d_{\\text{model}} = 64$, trained on $P \\le 8$ pairs; thick lines seed 0, thin lines the other seeds. Top: held-out accuracy at $P = 8$ during training. Bottom: accuracy after training against the number of pairs $P$ (shaded: the trained range; dotted: chance for a random value of the context; dashed: chance for a random value token).", "name": "fig-deltanet-mqar"}, "image": {"alt": "Two line plots of recall accuracy. Top, against training step: softmax jumps to 1 early, DeltaNet climbs to nearly 1, linear attention rises slowly. Bottom, against pairs P from 1 to 32 on a log axis: softmax stays at 1, DeltaNet stays near 1 up to 8 and then falls, linear attention falls much lower, all above a dotted chance curve 1 over P and a dashed floor at 1 over 32; thin lines of the second seeds lie near the thick ones"}}
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4))
 for mixer, color in zip(MIXERS, ("C0", "C1", "C2")):
-    run = mqar_runs[mixer]
-    ax1.plot(run["result"].val_steps, run["result"].val_metric, "o-", ms=3, color=color,
-             label=mixer)
-    accuracies = [run["accuracy"][P] for P in EVAL_PAIRS]
-    ax2.plot(EVAL_PAIRS, accuracies, "o-", color=color, label=mixer)
-p = torch.tensor(EVAL_PAIRS, dtype=torch.float64)
-ax2.plot(p, 1 / p, "k:", lw=1, label="chance, 1/P")
+    for seed in SEEDS[mixer]:
+        run, main = seed_runs[mixer, seed], seed == 0
+        style = dict(color=color, lw=1.5 if main else 0.8, alpha=1 if main else 0.6,
+                     label=mixer if main else None)
+        ax1.plot(run["result"].val_steps, run["result"].val_metric,
+                 "o-" if main else "-", ms=3, **style)
+        ax2.plot(EVAL_PAIRS, [run["accuracy"][P] for P in EVAL_PAIRS],
+                 "o-" if main else "-", **style)
+ax2.plot(EVAL_PAIRS, [chance[P] for P in EVAL_PAIRS], "k:", lw=1)
+ax2.text(2.1, chance[2] + 0.02, "chance: a value of the context", fontsize=8)
+ax2.axhline(vocabulary_chance, color="gray", lw=1, ls="--")
+ax2.text(1.05, vocabulary_chance + 0.02, "chance: any value token", fontsize=8,
+         color="gray")
 ax2.axvspan(0.9, PAIRS_TRAIN, color="gray", alpha=0.12, lw=0)
-ax2.text(1.05, 0.5, "trained on\nP ≤ 8", fontsize=8, color="gray")
+ax2.text(1.05, 0.62, "trained on\nP ≤ 8", fontsize=8, color="gray")
 ax1.set(xlabel="training step", ylabel=f"recall accuracy at P = {PAIRS_TRAIN}",
         title="Learning to recall (held-out examples)", ylim=(-0.02, 1.02))
 ax2.set(xscale="log", xlabel="key-value pairs P in the context",
@@ -763,19 +771,30 @@ ax2.set(xscale="log", xlabel="key-value pairs P in the context",
         ylim=(-0.02, 1.02))
 ax2.set_xticks(EVAL_PAIRS, [str(P) for P in EVAL_PAIRS])
 ax2.minorticks_off()
-ax1.legend()
-ax2.legend(fontsize=8)
+ax1.legend(loc="lower right")  # the colours of both panels
 plt.tight_layout()
 plt.show()
 
-print(f"{'mixer':>8s} {'steps':>6s} {'time':>6s}  "
+print(f"{'mixer':>8s} {'seed':>4s} {'time':>5s}  "
       + " ".join(f"{'P=' + str(P):>6s}" for P in EVAL_PAIRS))
 for mixer in MIXERS:
-    run = mqar_runs[mixer]
-    print(f"{mixer:>8s} {MQAR_STEPS:6d} {run['result'].seconds:5.0f}s  "
-          + " ".join(f"{run['accuracy'][P]:6.3f}" for P in EVAL_PAIRS))
-print(f"{'chance':>8s} {'':>6s} {'':>6s}  "
-      + " ".join(f"{1 / P:6.3f}" for P in EVAL_PAIRS))
+    for seed in SEEDS[mixer]:
+        run = seed_runs[mixer, seed]
+        print(f"{mixer:>8s} {seed:4d} {run['result'].seconds:4.0f}s  "
+              + " ".join(f"{run['accuracy'][P]:6.3f}" for P in EVAL_PAIRS))
+    if len(SEEDS[mixer]) > 1:
+        acc = torch.tensor([[seed_runs[mixer, s]["accuracy"][P] for P in EVAL_PAIRS]
+                            for s in SEEDS[mixer]])
+        spread = acc.max(0).values - acc.min(0).values
+        print(f"{mixer:>8s} {'max-min':>11s}  "
+              + " ".join(f"{s:6.3f}" for s in spread.tolist()))
+print(f"{'chance':>8s} {'':>11s}  " + " ".join(f"{chance[P]:6.3f}" for P in EVAL_PAIRS))
+worst_case = [min(seed_runs["deltanet", s]["accuracy"][P] for s in SEEDS["deltanet"])
+              - max(seed_runs["linear", s]["accuracy"][P] for s in SEEDS["linear"])
+              for P in EVAL_PAIRS]
+print(f"{'DeltaNet':>8s} {'- linear':>11s}  "
+      + " ".join(f"{d:+6.3f}" for d in worst_case)
+      + "   (worst DeltaNet seed minus best linear seed)")
 
 # what each layer keeps after reading one example
 for P in sorted({PAIRS_TRAIN, max(EVAL_PAIRS)}):
@@ -790,23 +809,21 @@ for P in sorted({PAIRS_TRAIN, max(EVAL_PAIRS)}):
           + ", ".join(sizes))
 
 # %% [markdown]
-# What the run shows (single runs, one seed each):
-#
 # - **Softmax attention recalls everything.** It learns first (top panel) and is perfect at
-#   every pair count, up to four times more pairs than it was trained on. Its state is the KV
-#   cache, which grows with the context: about 50 KiB per layer at 32 pairs against about
-#   10 KiB for the fixed states (last lines of the output, convolution state included).
-# - **DeltaNet learns the trained range and loses pairs beyond it.** It is close to perfect up
-#   to 8 pairs, then declines steadily; at 32 pairs it recalls about half of them.
-# - **Linear attention had not finished learning** when the budget ended: its training loss is
-#   still high and its accuracy at 8 pairs still rising (top panel). It is the lowest at every
-#   pair count above 1, though above chance.
+#   every pair count, four times the trained range included. Its state, the KV cache, grows
+#   with the context; the fixed states do not (last two lines).
+# - **DeltaNet learns the trained range** and loses pairs beyond it, steadily.
+# - **Linear attention learns more slowly** and recalls fewer pairs than DeltaNet at every
+#   count above one, even DeltaNet's worse seed against linear attention's better one (line
+#   "DeltaNet - linear").
+# - **The seeds** agree inside the trained range and less beyond it (lines "max-min"):
+#   smaller differences between models are noise.
 #
-# **Which pairs are lost.** At the largest pair count, the accuracy of each model by the age of
-# the queried pair: how many pairs were written into the context after it (0 for the last pair).
-# If the delta rule's erasure is at work, as in experiment 1, the old pairs go first.
+# **Which pairs are lost.** At the largest pair count, each model's accuracy by the age of the
+# queried pair: how many pairs the context wrote after it (0 for the last). If the delta
+# rule's erasure is at work, as in experiment 1, the old pairs go first.
 
-# %% mystnb={"figure": {"caption": "Recall accuracy at $P = 32$ pairs by the age of the queried pair (how many pairs the context wrote after it). DeltaNet recalls the newest pairs best and the oldest worst; softmax and linear attention do not depend on age.", "name": "fig-deltanet-recall-by-age"}, "image": {"alt": "Line plot of recall accuracy against the age of the queried pair, pooled in groups of four ages from 0 to 31: softmax flat at 1, DeltaNet falling from about 0.8 for the newest pairs to under 0.3 for the oldest, linear attention flat near 0.1"}}
+# %% mystnb={"figure": {"caption": "Recall accuracy at $P = 32$ pairs by the age of the queried pair (how many pairs the context wrote after it), seed 0; dotted: chance for a random value of the context. DeltaNet recalls the newest pairs best and the oldest worst; softmax attention does not depend on age, linear attention little.", "name": "fig-deltanet-recall-by-age"}, "image": {"alt": "Line plot of recall accuracy against the age of the queried pair, pooled in groups of four ages from 0 to 31: softmax flat at 1, DeltaNet falling from the newest pairs to the oldest, linear attention low and nearly flat, above a dotted chance line"}}
 P = max(EVAL_PAIRS)
 x, y = held_out[P]
 context_keys, queries = x[:, 0 : 2 * P : 2], x[:, 2 * P :]  # [N, P] each
@@ -827,16 +844,17 @@ for mixer, color in zip(MIXERS, ("C0", "C1", "C2")):
     ax.plot(centres, pooled, "o-", color=color, label=mixer)
     print(f"{mixer:8s} accuracy by age at P = {P} (newest first, groups of {group}): "
           + " ".join(f"{a:.2f}" for a in pooled.tolist()))
+ax.axhline(chance[P], color="k", lw=1, ls=":", label="chance")
 ax.set(xlabel="age of the queried pair (pairs written after it)",
        ylabel="recall accuracy", title=f"Recall by age, P = {P} pairs",
        ylim=(-0.02, 1.02))
-ax.legend(loc="center right")
+ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=4)  # below the axes
 plt.show()
 
 # %% [markdown]
 # **How hard the trained DeltaNet writes.** Its write strengths $\beta_t$ on the same examples,
-# in both layers, averaged by the kind of token: key tokens and queries bring no new pair to
-# store, while each value token completes one.
+# in both layers, averaged by kind of token: key tokens and queries bring no new pair to store,
+# each value token completes one.
 
 # %%
 model, P = mqar_runs["deltanet"]["model"], max(EVAL_PAIRS)
@@ -862,46 +880,106 @@ for layer, beta_ in enumerate(betas, start=1):
           f"queries {b[2 * P :].mean():.2f}")
 
 # %% [markdown]
-# Putting these together:
-#
-# - **DeltaNet forgets in order of age**, as the delta-rule memory of experiment 1 did: at 32
-#   pairs the newest pairs are recalled most often and the oldest least (the age plot and its
-#   printed line), while the other two models' accuracies are about the same at every age.
-# - **It writes at every token.** Its first layer has learned where the pairs are ($\beta_t$ is
-#   larger at the value tokens than at the key tokens and queries) but has not learned to switch
-#   the other writes off, and its second layer writes very little anywhere (printed above).
-#   Every write erases a little of the state along its key, so a pair early in a context of
-#   $2P$ tokens pays for all the writes after it. Within the trained range the loss is small; at
-#   32 pairs it is not.
-# - **MQAR never asks for an overwrite.** All keys of a sequence are distinct, so the one thing
-#   the delta rule is built for, replacing a stored value, is never needed here, and beyond the
-#   trained range what shows is its price: forgetting.
-# - **Linear attention's slow start** has a likely reason in chapter 4: its features are
-#   positive, so all keys share a large common part. Here the features are ELU+1 of the
-#   convolution's SiLU output, and each coordinate is at least (next cell):
+# **How much the keys overlap.** Chapter 4 measured what positive features cost an additive
+# memory: for unit-length feature keys $k = \phi(x)/\|\phi(x)\|$ with Gaussian pre-activations,
+# $k_i \cdot k_j \to \bar c = \mathbb{E}[\phi(x)]^2 / \mathbb{E}[\phi(x)^2]$ as $D$ grows, and a
+# normalised read of the right key puts only about $1/(1 + \bar c(N-1))$ of its weight on the
+# right value. The same quadrature for this chapter's features: ELU+1 (chapter 4), DeltaNet's
+# SiLU then L2, and both as these models compute them, behind the convolution's SiLU:
 
 # %%
-grid = torch.linspace(-10, 10, 200_001, dtype=torch.float64)
-floor = F.elu(F.silu(grid)).add(1).min()
-print(f"smallest ELU+1 feature of a SiLU output: {floor:.3f} "
-      f"(= exp(min SiLU) = exp({F.silu(grid).min():.4f}))")
+grid = torch.linspace(-12, 12, 200_001, dtype=torch.float64)
+density = torch.exp(-grid**2 / 2) / math.sqrt(2 * math.pi)  # N(0, 1)
+
+
+def c_bar(phi):
+    """E[φ(x)]² / E[φ(x)²], x ~ N(0, 1); phi = φ(grid), trapezoids on [-12, 12]."""
+    return (torch.trapezoid(phi * density, grid) ** 2
+            / torch.trapezoid(phi**2 * density, grid)).item()
+
+
+silu = F.silu(grid)
+features = {"ELU+1 (chapter 4)": feature_maps.elu_plus_one(grid),
+            "SiLU, then L2 (DeltaNet)": silu,
+            "ELU+1 of SiLU (linear, with the conv)": feature_maps.elu_plus_one(silu),
+            "SiLU of SiLU (DeltaNet, with the conv)": F.silu(silu)}
+for name, phi in features.items():
+    print(f"c̄ = {c_bar(phi):.3f}  {name}")
 
 # %% [markdown]
-# No key can have a coordinate near zero, so the model must learn to make the coordinates that
-# tell keys apart large against that floor. In calibration runs for this chapter with a
-# convolution initialised as the identity and without the SiLU, linear attention learned faster
-# than DeltaNet and lost fewer pairs beyond the trained range: at this scale the order of the
-# two fixed-state models depends on such details, so read it as a property of these small
-# models and this budget, not of the mechanisms. The softmax model's lead, and DeltaNet's
-# forgetting of the oldest pairs first, were the same in those runs.
+# Those constants assume Gaussian pre-activations. The trained models' own keys: the unit
+# feature keys of the $2P$ context tokens (every token writes) of the held-out examples at
+# $P = 8$, their mean overlap $c$ and mean squared overlap over $i \ne j$, per layer, with
+# chapter 4's weight rule at $c$ and, for DeltaNet, the mean write strength $\bar\beta$ times
+# the mean squared overlap: by experiment 1, about the share of an older pair's value that
+# each later write erases.
+
+# %%
+def context_key_features(model, mixer, x, P):
+    """Unit feature keys each layer writes at the 2P context tokens.
+
+    A list over layers of [N, H, 2P, D].
+    """
+    kept = []
+
+    def keep(attn, inputs):  # runs before each layer's mixer, on its input x
+        _, k, _, _ = attn.qkv(inputs[0])  # the keys before the feature map
+        kept.append(k[:, :, : 2 * P])
+
+    hooks = [b.attn.register_forward_pre_hook(keep) for b in model.transformer.h]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    phi = {"linear": feature_maps.elu_plus_one, "deltanet": F.silu}[mixer]
+    return [F.normalize(phi(k.double()), dim=-1) for k in kept]
+
+
+P = PAIRS_TRAIN
+x, _ = held_out[P]
+off_diagonal = ~torch.eye(2 * P, dtype=torch.bool)
+key_overlap = {}
+for mixer in ("linear", "deltanet"):
+    keys_ = context_key_features(mqar_runs[mixer]["model"], mixer, x, P)
+    for layer, k in enumerate(keys_, start=1):
+        gram = (k @ k.mT)[..., off_diagonal]  # k_i·k_j, i ≠ j  [N, H, 2P(2P-1)]
+        mean, mean_sq = gram.mean().item(), gram.pow(2).mean().item()
+        erased = ""
+        if mixer == "deltanet":  # β̄ at the context tokens of the β cell above
+            beta_bar = betas[layer - 1][:, : 2 * max(EVAL_PAIRS)].mean().item()
+            erased = f"; β̄ (k_i·k_j)² = {beta_bar * mean_sq:.3f}"
+        print(f"{mixer:8s} layer {layer}: mean k_i·k_j = {mean:.3f}, "
+              f"mean (k_i·k_j)² = {mean_sq:.3f}, "
+              f"1/(1 + c(2P−1)) = {1 / (1 + mean * (2 * P - 1)):.2f}{erased}")
+print(f"random unit keys in D = {k.shape[-1]}: mean k_i·k_j = 0, "
+      f"mean (k_i·k_j)² = 1/D = {1 / k.shape[-1]:.3f}")
+
+# %% [markdown]
+# Putting these together:
 #
-# Yang et al. (2024) note that the delta rule has been found more effective than the additive
-# update at associative recall, for models far larger and trained far longer than these; two
-# minutes of CPU cannot check that. What this experiment does show is the trade every
+# - **DeltaNet forgets in order of age**, as experiment 1's memory did: the newest pairs are
+#   recalled most often and the oldest least (the age plot), while softmax attention does not
+#   depend on age at all.
+# - **It writes at every token.** $\beta_t$ is well above zero at key tokens and queries too
+#   (the β lines), and each write erases about $\bar\beta\,(k_i\cdot k_j)^2$ of every older
+#   pair (last column above), compounded over all the writes after it.
+# - **MQAR never asks for an overwrite.** Its keys are distinct, so replacing a value, what the
+#   delta rule is built for, is never needed; beyond the trained range what shows is its price.
+# - **Linear attention's keys overlap more.** For Gaussian pre-activations chapter 4's constant
+#   is several times larger for ELU+1 than for DeltaNet's SiLU-then-L2 keys, and larger still
+#   behind the convolution's SiLU (the quadrature lines). Training moved both models' keys
+#   (the measured lines); linear attention's still overlap more in each layer. At overlap $c$
+#   each of the $2P - 1$ other context tokens gets $c$ times the right token's weight in a
+#   normalised read, so the wrong values add up as $P$ grows: a handicap of positive features
+#   that training has to remove, and this budget does not finish the job.
+#
+# Yang et al. (2024) find the delta rule better than the additive update at associative recall
+# in models far larger than these. What this small experiment shows is the trade every
 # fixed-size state makes: something must be dropped, and the delta rule drops the oldest first.
-# Chapter 10 adds a learned decay that makes forgetting a decision of the model, and chapter 15
-# keeps a few softmax-attention layers next to the linear ones for the recall a fixed state
-# cannot hold.
+# Chapter 10 adds a learned decay that makes forgetting the model's decision, and chapter 15
+# keeps a few softmax-attention layers for the recall a fixed state cannot hold.
 
 # %% [markdown]
 # (erratum-deltanet-prefill)=
@@ -910,19 +988,19 @@ print(f"smallest ELU+1 feature of a SiLU output: {floor:.3f} "
 # The post's DeltaNet layer (its "DeltaNet (Fast weight programmers)" section) computes, for all
 # the new tokens of a call at once, $V^{\text{old}} = K S$ with the state $S$ from before the call,
 # $U = \beta \odot (V - V^{\text{old}})$, one write $S \leftarrow S + K^\top U$, and then every
-# output $Q S$. For decoding, one token per call, this is exactly the recurrence. For a prefill of
+# output $Q S$. For decoding, one token per call, this is the recurrence. For a prefill of
 # $T > 1$ tokens it has two faults:
 #
-# - every token's correction is computed against the state from *before the block*: token $t$
-#   does not see what tokens $1, \dots, t-1$ of the same block wrote, so a key written twice in
-#   the prompt is written twice *additively*. Unlike chapter 3's erratum, the final state is
-#   wrong too, and decoding after the prefill inherits the error;
-# - every token reads the state *after the block*, $o_t = q_t S_T$: the outputs are not causal
-#   (the same fault as chapter 3's linear-attention prefill).
+# - every correction is computed against the state from *before the block*: token $t$ does not
+#   see what tokens $1, \dots, t-1$ of the block wrote, so a key written twice in the prompt is
+#   written twice *additively*. Unlike chapter 3's erratum, the final state is wrong too, and
+#   decoding after the prefill inherits the error;
+# - every token reads the state *after the block*, $o_t = q_t S_T$: the outputs are not causal,
+#   as in chapter 3's linear-attention prefill.
 #
-# (As printed it also starts from `S = 0.0`, a Python float, when there is no cache, and
-# `k @ 0.0` raises a `TypeError`; a zero tensor is clearly what is meant.) Our own minimal
-# version of that logic, against the recurrence:
+# As printed it also starts from `S = 0.0`, a Python float, when there is no cache, and
+# `k @ 0.0` raises a `TypeError`; a zero tensor is what is meant. A minimal version of that
+# logic, against the recurrence:
 
 # %%
 def deltanet_block_update(q, k, v, beta, S):
@@ -967,13 +1045,12 @@ print(f"prefill of {T} tokens: final state error {max_diff(S_block, S_ref):.2f} 
       f"(the state itself is {S_ref.abs().max():.2f} at most)")
 
 # %% [markdown]
-# One token per call agrees with the recurrence (distance zero here); a block of 12 is wrong at every
-# position, the last one included, because the state it hands on is wrong. The two faults can
-# be told apart. The first one is exactly the triangular system of the parallel form with its
-# strictly lower part dropped: the post solves $U = \operatorname{diag}(\beta)(V - K S_0)$, where
-# the recurrence needs $\big(I + \operatorname{diag}(\beta)\operatorname{tril}(K K^\top, -1)\big)U =
-# \operatorname{diag}(\beta)(V - K S_0)$. The dropped part is $\beta_t (k_t\cdot k_j)$ for $j < t$,
-# so with keys orthogonal to each other inside the block, the corrections and the final state are
+# One token per call agrees with the recurrence; a block of 12 is wrong at every position, the
+# last included. The two faults can be told apart. The first is the parallel form's triangular
+# system with its strictly lower part dropped: the post solves $U = \operatorname{diag}(\beta)(V - K S_0)$, where the recurrence needs
+# $\big(I + \operatorname{diag}(\beta)\operatorname{tril}(K K^\top, -1)\big)U =
+# \operatorname{diag}(\beta)(V - K S_0)$. The dropped part is $\beta_t (k_t\cdot k_j)$ for
+# $j < t$, so with keys orthogonal inside the block the corrections and the final state are
 # right, and only the non-causal read remains:
 
 # %%
@@ -991,10 +1068,10 @@ print(f"orthonormal keys in the block: max |tril(K Kᵀ, -1)| = {overlaps:.1e}; 
       f"(last position {max_diff(o_blk16[:, :, -1], o_ref16[:, :, -1]):.1e})")
 
 # %% [markdown]
-# **The fix.** Run a prefill as the recurrence, token by token (`delta_rule.recurrent`), or as
-# the same recurrence solved for the whole block (`delta_rule.parallel`, or chapter 8's chunked
-# form for long prompts), continuing from the cached state in both cases. Prefilling the first 8
-# tokens and then the remaining 4 as a second block, from the first block's state:
+# **The fix.** Run a prefill as the recurrence, token by token (`delta_rule.recurrent`), or
+# solved for the whole block (`delta_rule.parallel`, or chapter 8's chunked form for long
+# prompts), in both cases from the cached state. The first 8 tokens, then the other 4 as a
+# second block from the first block's state:
 
 # %%
 for name, op in (("recurrent", delta_rule.recurrent),
@@ -1007,9 +1084,9 @@ for name, op in (("recurrent", delta_rule.recurrent),
           f"final state {max_diff(S_2, S_ref):.1e}")
 
 # %% [markdown]
-# This erratum is listed on the [errata page](../book/errata.md). The layer `tinyk3.layers.DeltaNet`
-# does it the fixed way: a prompt goes through `delta_rule.parallel` from the cached state, and
-# a single decoded token through one step of `delta_rule.recurrent`.
+# This erratum is on the [errata page](../book/errata.md). `tinyk3.layers.DeltaNet` does it
+# the fixed way: a prompt goes through `delta_rule.parallel` from the cached state, a single
+# decoded token through one step of `delta_rule.recurrent`.
 
 # %% [markdown]
 # ## Exercises
@@ -1098,35 +1175,28 @@ ok = checks.run("delta_rule.loop", delta_rule_loop_solution)
 # %% [markdown]
 # ## Summary
 #
-# - The delta rule reads before it writes: $v^{\text{old}}_t = k_t S_{t-1}$, then
-#   $S_t = S_{t-1} + k_t^\top \beta_t (v_t - v^{\text{old}}_t) = (I - \beta_t k_t^\top k_t) S_{t-1} +
-#   \beta_t k_t^\top v_t$, and $o_t = q_t S_t$. Papers write the transpose,
-#   $S_t = S_{t-1}(I - \beta_t k_t k_t^\top) + \beta_t v_t k_t^\top$.
-# - Each write is one gradient-descent step on $\tfrac12\|k_t S - v_t\|^2$ with learning rate
-#   $\beta_t$: the state is a fast weight matrix trained online, one step per token, by the
-#   slow weights that produce $k_t, v_t, \beta_t$.
-# - The write's transition $I - \beta_t k_t^\top k_t$ has eigenvalues 1 ($D_k - 1$ times) and
-#   $1 - \beta_t\|k_t\|^2$. With unit keys and $\beta_t \in (0, 1)$ every write is non-expansive;
-#   without normalisation, $\|k_t\|^2 > 2/\beta_t$ makes the state grow geometrically, as measured.
+# - The delta rule reads before it writes:
+#   $S_t = S_{t-1} + k_t^\top \beta_t (v_t - k_t S_{t-1}) = F_t S_{t-1} + \beta_t k_t^\top v_t$
+#   with $F_t = I - \beta_t k_t^\top k_t$, and $o_t = q_t S_t$. Papers write the transpose.
+# - Each write is one gradient step on $\tfrac12\|k_t S - v_t\|^2$ with learning rate
+#   $\beta_t$: a fast weight matrix trained online by the slow weights.
+# - $F_t$ has eigenvalues 1 ($D_k - 1$ times) and $1 - \beta_t\|k_t\|^2$: with unit keys every
+#   write is non-expansive; without normalisation the state can grow geometrically.
 # - Overwriting: the additive memory returns old and new values in equal parts; the delta rule
-#   replaces them (exactly, for orthonormal keys), and with random keys forgets the oldest pairs
-#   first, keeping $\approx (1 - e^{-N/D})/(N/D)$ of each value on average.
-# - On MQAR at this scale (2 layers, width 64, under a minute of CPU per model), softmax
-#   attention, whose cache grows, recalls every pair; DeltaNet recalls the trained pair counts
-#   and beyond them forgets the oldest pairs first, because it writes at every token and MQAR
-#   never needs a value replaced; linear attention had not finished learning. The order of the
-#   two fixed-state models is fragile at this scale.
-# - The post's DeltaNet listing reads the state once for a whole block: exact for one token per
-#   call, wrong for a prefill (final state included). A token loop or the triangular-solve form
-#   fixes it.
+#   replaces them, exactly for orthonormal keys, and with random keys forgets the oldest first,
+#   keeping about $(1 - e^{-N/D})/(N/D)$ of each value.
+# - On MQAR at this scale softmax attention, whose cache grows, recalls every pair; DeltaNet
+#   recalls the trained range and beyond it forgets the oldest pairs first; linear attention,
+#   whose positive keys overlap more, learns more slowly and recalls fewer pairs, in both seeds.
+# - The post's DeltaNet listing reads the state once per block: exact for one token per call,
+#   wrong for a prefill, final state included.
 #
-# **Next.** The delta rule is inherently sequential as written: each token's correction depends
-# on the state left by the one before. `delta_rule.parallel` removed the Python loop by solving
-# for all the corrections of a sequence at once, at a cost that grows as $T^3$. Part III makes
-# the delta rule fast on long sequences and on GPUs: chapter 6 splits a sequence into chunks
-# for linear attention, chapter 7 finds the compact (WY) form of a product of delta-rule
-# transitions and the triangular solve (the UT transform) that computes it, and chapter 8 puts
-# them together as chunkwise DeltaNet. The parallel form used here is its one-chunk case.
+# **Next.** The delta rule is sequential as written: each correction depends on the state left
+# by the token before. `delta_rule.parallel` solves for all corrections at once, in $O(T^2 D)$
+# time and $O(T^2)$ memory. Part III makes it fast on long sequences and GPUs: chapter 6 chunks
+# linear attention, chapter 7 finds the compact (WY) form of a product of transitions and the
+# triangular solve (the UT transform) that computes it, and chapter 8 combines them into
+# chunkwise DeltaNet, whose one-chunk case is the parallel form used here.
 #
 # **References.** B. Widrow, M. E. Hoff, "Adaptive switching circuits", IRE WESCON Convention
 # Record, 1960. J. Schmidhuber, "Learning to control fast-weight memories: an alternative to

@@ -29,12 +29,14 @@
 # with the normaliser, from a non-zero state); see that $C = 1$ is the recurrence and $C = T$
 # the parallel form; follow how the lib computes the starting state of every chunk at once;
 # count the flops (state work against diagonal blocks) and check the count against PyTorch's
-# flop counter and against measured time as $C$ varies; and find and fix an error in the post's
-# chunked listing, which drops the last tokens when $T$ is not a multiple of $C$. Part III
-# continues with the delta rule (chapters 7 and 8) and ends in a GPU kernel (chapter 9).
+# flop counter and against measured time as $C$ varies; find by measurement where the time of
+# the vectorised form goes at small $C$; and correct two errors of the post: its two orders of
+# multiplication are swapped, and its chunked listing drops the last tokens when $T$ is not a
+# multiple of $C$. Part III continues with the delta rule (chapters 7 and 8) and ends in a GPU
+# kernel (chapter 9).
 #
-# **Cost.** About half a minute on one CPU core at full size, most of it in the timing experiments
-# (the last cell prints the time); `SMOKE = True` runs in a few seconds.
+# **Cost.** About a minute on one CPU core, most of it in the timing experiments (the last cell
+# prints the time); `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -78,35 +80,23 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tinyk3 import bench, checks, cost
-from tinyk3.ops import feature_maps
+from tinyk3.ops import chunks, feature_maps
 from tinyk3.ops import linear_attention as la
+from tinyk3.timing import distinguishable, time_fn
+from tinyk3.util import max_diff
 from tinyk3.widgets import figure_png, image_grid_explorer
 
 T_TIME = 256 if SMOKE else 4096  # sequence length of the timing experiments
 H_TIME, D_TIME = (2, 16) if SMOKE else (4, 64)  # heads and head size there
 CHUNK_SIZES = [2**e for e in range(T_TIME.bit_length())]  # 1, 2, 4, ..., T_TIME
-REPEATS = 2 if SMOKE else 5  # timings per point (the fastest counts)
+REPEATS = 3 if SMOKE else 7  # timed runs per point: median of k runs (tinyk3.timing)
 WIDGET_T = 6 if SMOKE else 16  # the widget draws a WIDGET_T × WIDGET_T attention matrix
 
 
-def max_diff(a, b):
-    return (a - b).abs().max().item()
-
-
 def timed(fn):
-    """Seconds of fn(): the fastest of REPEATS runs after a warm-up,
-    or one run if it takes over 0.5 s."""
-    start = time.perf_counter()
-    fn()
-    first = time.perf_counter() - start
-    if first > 0.5:
-        return first
-    runs = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - start)
-    return min(runs)
+    """time_fn with this chapter's settings: a warm-up run, then REPEATS runs
+    (fewer if they pass 3 s in all); a Timing, the median in seconds."""
+    return time_fn(fn, repeats=REPEATS, warmup=1, max_seconds=3.0)
 
 
 # %% [markdown]
@@ -125,8 +115,8 @@ def timed(fn):
 # $2mkn$ flops, a multiply and an add per term), but in $T$ steps that depend on each other,
 # each far too small to keep a processor busy. The parallel form costs $2T^2(D_k + D_v)$ flops for
 # the masked scores and their product with $V$, in two large products. Both, timed on one
-# CPU thread for $H$ heads, next to the rate a large matrix product reaches on the same core
-# (`tinyk3.bench.matmul_flops`, a $512 \times 512$ product). A few seconds at full size.
+# CPU thread for $H$ heads (median of several runs, `tinyk3.timing`), next to the rate a large
+# matrix product reaches on the same core (`tinyk3.bench.matmul_flops`, $512 \times 512$).
 
 # %%
 torch.manual_seed(0)
@@ -153,11 +143,11 @@ print(f"the parallel form does {flops_parallel / flops_recurrent:.0f}x the flops
       f"the recurrence (T/D + 1) and takes {t_parallel / t_recurrent:.1f}x its time")
 
 # %% [markdown]
-# In the run shown here the parallel form does $T/D + 1$ times the arithmetic of the recurrence
-# (the last line) and takes only a few times longer, because it runs at a good fraction of the
-# matrix-product rate while the recurrence runs at about one percent of it (the last column). What
-# we want is neither: the recurrence's flop count at the parallel form's flop rate. On a GPU the
-# gap is wider still: thousands of arithmetic units wait on each of the $T$ sequential steps.
+# The parallel form does $T/D + 1$ times the arithmetic of the recurrence (the last line) in
+# only a few times its time: it runs at a good fraction of the matrix-product rate, the
+# recurrence at a small one (the last column). We want the recurrence's flop count at the
+# parallel form's rate. On a GPU the gap is wider: thousands of arithmetic units wait on each of
+# the $T$ sequential steps.
 
 # %% [markdown]
 # ## The idea: attention inside a chunk, the state across chunks
@@ -192,10 +182,11 @@ print(f"the parallel form does {flops_parallel / flops_recurrent:.0f}x the flops
 # S_{[c+1]} = S_{[c]} + K_{[c]}^\top V_{[c]} .
 # $$
 #
-# In the post's words: inside a chunk the product is taken in *score order*, $(Q K^\top) V$, the
-# order of attention, with the mask; across chunks in *state order*, $Q (K^\top V)$, the order of
-# the recurrence, where no mask is needed because every earlier token is in the past of every
-# token of the chunk. The two limits are the forms we started from:
+# Inside a chunk the product is taken in *score order*, $(Q K^\top) V$, the order of attention,
+# with the mask; across chunks in *state order*, $Q (K^\top V)$, the order of the recurrence,
+# where no mask is needed because every earlier token is in the past of every token of the chunk
+# (the post says the same with the brackets swapped: see the erratum below). The two limits are
+# the forms we started from:
 #
 # - $C = 1$: each chunk is one token, $M = [1]$, and $o_t = q_t S_{t-1} + (q_t \cdot k_t) v_t
 #   = q_t (S_{t-1} + k_t^\top v_t)$: the recurrence.
@@ -204,6 +195,44 @@ print(f"the parallel form does {flops_parallel / flops_recurrent:.0f}x the flops
 # **The papers' layout.** Yang et al. store the transposed state ($S^\top$ here, see the
 # [notation page](../book/notation.md)); in their layout the same step reads
 # $S_{[c+1]} = S_{[c]} + V_{[c]}^\top K_{[c]}$ and the first term $Q_{[c]} S_{[c]}^\top$.
+
+# %% [markdown]
+# (erratum-score-state-order)=
+# ## Erratum: the post swaps the two orders
+#
+# The post describes its chunked listing in these words (verbatim):
+#
+# > Within a block, we do q(kᵀv). This is score first, the normal attention order with masking.
+# > Across blocks, we follow (kᵀv)q, so we’re doing recurrent order, state first.
+#
+# The brackets are the wrong way round. Score first is $(q k^\top) v$: the scores $q_i \cdot k_j$
+# are formed, masked, and then weight the values; that is what the listing does inside a block,
+# `(q_c @ k_c.transpose(-1,-2)).tril() @ v_c`. State first is $q (k^\top v)$: the keys and values
+# are summed into the state, which the query then reads, `q_c @ S`. And $(k^\top v) q$ is not a
+# product at all in the row layout of the listing: $k^\top v$ is $D_k \times D_v$ and $q$ has
+# $C$ rows of $D_k$. Checked on one chunk of $C = 4$ tokens with $D_k = D_v = 3$:
+
+# %%
+torch.manual_seed(5)
+Qb, Kb, Vb = (torch.randn(4, 3, dtype=torch.float64) for _ in range(3))  # C = 4, D = 3
+Mb = torch.ones(4, 4, dtype=torch.float64).tril()
+listing_block = (Qb @ Kb.T).tril() @ Vb  # what the listing computes within a block
+score_first = ((Qb @ Kb.T) * Mb) @ Vb  # (q kᵀ) v, masked
+print(f"within a block: listing vs (q kᵀ ⊙ M) v: "
+      f"{max_diff(listing_block, score_first):.0e}")
+state_first = Qb @ (Kb.T @ Vb)  # q (kᵀ v): no scores to mask, so no causality
+print(f"within a block: listing vs q (kᵀ v): "
+      f"{max_diff(listing_block, state_first):.2f} "
+      f"(every token reads the whole block)")
+try:
+    (Kb.T @ Vb) @ Qb  # the post's "(kᵀv)q"
+except RuntimeError as err:
+    print(f"(kᵀ v) q: RuntimeError: {err}")
+
+# %% [markdown]
+# The listing is right and only the sentence is wrong; a reader who implements the sentence gets
+# either a shape error or, when $C = D$, a product that runs and means nothing. This erratum is
+# listed on the [errata page](../book/errata.md).
 
 # %% [markdown]
 # ## Build it: a loop over chunks
@@ -234,14 +263,15 @@ def chunked_loop(q, k, v, C, normalize=False, initial_state=None, eps=1e-6):
     for start in range(0, T, C):  # ⌈T/C⌉ chunks; the last may hold fewer than C tokens
         # [B, H, n, D], n <= C
         Qc, Kc, Vc = (x[:, :, start : start + C] for x in (q, k, v))
-        scores = (Qc @ Kc.transpose(-1, -2)).tril()  # Q_c K_cᵀ ⊙ M   [B, H, n, n]
-        o = Qc @ S + scores @ Vc  # O_c = Q_c S_c + (Q_c K_cᵀ ⊙ M) V_c   [B, H, n, Dv]
+        scores = (Qc @ Kc.transpose(-1, -2)).tril()  # Q_[c] K_[c]ᵀ ⊙ M   [B, H, n, n]
+        # O_[c] = Q_[c] S_[c] + (Q_[c] K_[c]ᵀ ⊙ M) V_[c]   [B, H, n, Dv]
+        o = Qc @ S + scores @ Vc
         if normalize:
             # q_t · z_t   [B, H, n, 1]
             denom = (Qc @ z.unsqueeze(-1)) + scores.sum(-1, keepdim=True)
             o = o / (denom + eps)
-            z = z + Kc.sum(dim=2)  # z_[c+1] = z_[c] + 1ᵀ K_c
-        S = S + Kc.transpose(-1, -2) @ Vc  # S_[c+1] = S_[c] + K_cᵀ V_c   [B, H, Dk, Dv]
+            z = z + Kc.sum(dim=2)  # z_[c+1] = z_[c] + 1ᵀ K_[c]
+        S = S + Kc.transpose(-1, -2) @ Vc  # S_[c+1] = S_[c] + K_[c]ᵀ V_[c]
         outs.append(o)
     return torch.cat(outs, dim=2), ((S, z) if normalize else S)
 
@@ -329,12 +359,10 @@ for dtype in (torch.float64, torch.float32):
                   f"o {worst['rec o']:8.1e}  S {worst['rec S']:8.1e} | {rel:8.1e}")
 
 # %% [markdown]
-# In float64 every distance is at the level of round-off, between $10^{-17}$ and $10^{-13}$
-# (the unnormalised outputs are sums of up to fifty positive-weighted terms, so they are large,
-# and their distances are larger in proportion: the last column is below $10^{-15}$ everywhere);
-# in float32 the distances relative to the outputs are a few $10^{-7}$, float32's precision. The
-# three forms add the same terms in different orders, and that is all that separates them. From
-# here on the chapter uses the lib's `chunked`.
+# In float64 every distance is round-off (relative to the outputs, the last column, below
+# $10^{-15}$); in float32 it is a few $10^{-7}$ relative, float32's precision. The three forms add
+# the same terms in different orders, and that is all that separates them. From here on the
+# chapter uses the lib's `chunked`.
 
 # %% [markdown]
 # ## How the lib computes every chunk at once
@@ -348,20 +376,22 @@ for dtype in (torch.float64, torch.float32):
 #
 # an *exclusive prefix sum* (each chunk's own term left out) of the per-chunk products
 # $K_{[c']}^\top V_{[c']}$. Those products do not depend on each other, so all of them are one batched
-# matrix product; the prefix sum is one `cumsum` over the chunk axis; and with every $S_{[c]}$ known,
-# the outputs of all chunks are again batched products. Here is `la.chunked`:
+# matrix product; the prefix sum is $N$ additions of a $D_k \times D_v$ matrix, in place; and with
+# every $S_{[c]}$ known, the outputs of all chunks are again batched products. Here is `la.chunked`
+# and its scan:
 
 # %%
 tinyk3.notebook.show_source(la.chunked)
+tinyk3.notebook.show_source(chunks.exclusive_scan_)
 
 # %% [markdown]
-# Step by step: `_to_chunks` zero-pads the sequence to $N C$ tokens, $N = \lceil T / C \rceil$, and
+# Step by step: `to_chunks` zero-pads the sequence to $N C$ tokens, $N = \lceil T / C \rceil$, and
 # views it as `[B, H, N, C, D]` (padded rows have zero keys and values, so they add nothing to the
-# state, and their outputs are cut off at the end); `kv` holds all $N$ products $K_{[c]}^\top V_{[c]}$;
-# `S_all` puts $S_0$ in front of $S_0 + $ their running sum, so `S_all[:, :, c]` is $S_{[c]}$ and the
-# last entry is the final state; the outputs of all chunks then come from two batched products
-# and the masked scores. The prefix sum, checked against the states the loop passes through
-# (the state the loop holds when it reaches chunk $c$):
+# state, and their outputs are cut off at the end); `states` first holds the $N$ products
+# $K_{[c]}^\top V_{[c]}$, and the scan overwrites entry $c$ with $S_{[c]}$ and returns the final
+# state; the outputs of all chunks then come from two batched products and the masked scores.
+# The exclusive prefix sum, written here with `cumsum`, checked against the states the loop
+# passes through (the state the loop holds when it reaches chunk $c$):
 
 # %%
 torch.manual_seed(4)
@@ -375,23 +405,21 @@ n = -(-T // C)
 # zero-padded and cut into chunks   [B, H, N, C, D]
 Kc = torch.cat([k, k.new_zeros(B, H, n * C - T, D)], dim=2).view(B, H, n, C, D)
 Vc = torch.cat([v, v.new_zeros(B, H, n * C - T, D)], dim=2).view(B, H, n, C, D)
-kv = Kc.transpose(-1, -2) @ Vc  # every K_cᵀ V_c at once        [B, H, N, D, D]
-exclusive = S0.unsqueeze(2) + kv.cumsum(dim=2) - kv  # S_0 + Σ_{c' < c} K_c'ᵀ V_c'
+kv = Kc.transpose(-1, -2) @ Vc  # every K_[c]ᵀ V_[c] at once    [B, H, N, D, D]
+exclusive = S0.unsqueeze(2) + kv.cumsum(dim=2) - kv  # S_0 + Σ_{c' < c} K_[c']ᵀ V_[c']
 print(f"N = {n} chunks; max |prefix sum - states of the loop| = "
       f"{max(max_diff(exclusive[:, :, c], s) for c, s in enumerate(loop_states)):.1e}")
 
 # %% [markdown]
-# (Subtracting each chunk's own term from an inclusive `cumsum`, as here, is one way to make it
-# exclusive; the lib shifts it by one place instead, which also gives the final state.)
+# The lib does not call `cumsum` here; the timing experiment below shows why.
 #
 # **What remains sequential.** The recurrence has $T$ dependent steps. The chunked form has one
 # dependent step per chunk, an addition of two $D_k \times D_v$ matrices in the scan, and
 # everything else (the $N$ products $K_{[c]}^\top V_{[c]}$, the $N$ diagonal blocks, the $N$ reads
 # $Q_{[c]} S_{[c]}$) is independent across chunks, heads and batch. A GPU kernel exploits exactly
 # that split (chapter 9): one pass computes the chunk states in order, another all the outputs
-# in parallel. The price of computing all chunks at once is memory: the vectorised form holds
-# every $S_{[c]}$, $N D_k D_v$ numbers per head, where the loop holds one. At the timing
-# experiment's sizes:
+# in parallel. The price is memory: the vectorised form holds every $S_{[c]}$, $N D_k D_v$
+# numbers per head, where the loop holds one. At the timing experiment's sizes:
 
 # %% tags=["nbval-check-output"]
 inputs_mib = 3 * 4096 * 4 * 64 * 4 / 2**20  # q, k, v: T = 4096, 4 heads of 64, float32
@@ -401,8 +429,8 @@ for C in (1, 16, 64):
           f"{n_states * 4 / 2**20:6.1f} MiB (the inputs q, k, v: {inputs_mib:.0f} MiB)")
 
 # %% [markdown]
-# At $C = 1$ the vectorised form stores every $S_t$: chapter 3's cumsum form, the slowest prefill
-# it measured. The experiment below shows what that costs in time.
+# At $C = 1$ the vectorised form stores every $S_t$, like chapter 3's cumsum form. The
+# experiment below shows what that costs in time.
 
 # %% [markdown]
 # ## Which entries of the attention matrix each form computes
@@ -420,7 +448,7 @@ for C in (1, 16, 64):
 # The widget draws both for a $T \times T$ matrix, for every chunk size from 1 to $T$. The slider
 # `view` chooses what is shown (both; the diagonal blocks; the entries reached through the state),
 # the slider `C` the chunk size; the picture's title repeats $C$ and says how many chunks there
-# are and how the entries split. A few seconds at full size to draw all the pictures.
+# are and how the entries split. Drawing all the pictures takes a few seconds.
 
 # %%
 # colours: computed in a block and used; computed, then masked; through the state
@@ -435,7 +463,7 @@ def entries_png(T, C, view):
     same_chunk = (i // C) == (j // C)
     image = np.ones((T, T, 3))  # white: never needed (j > i, outside the blocks)
     if view in (0, 1):
-        image[same_chunk & (j > i)] = MASKED  # computed in Q_c K_cᵀ, then zeroed by M
+        image[same_chunk & (j > i)] = MASKED  # in Q_[c] K_[c]ᵀ, then zeroed by M
         image[same_chunk & (j <= i)] = BLOCK  # computed and used
     if view in (0, 2):
         image[~same_chunk & (j < i)] = STATE  # reached through q_i S_[c]
@@ -502,12 +530,10 @@ image_grid_explorer(pngs, "view", "C", row_labels=VIEW_LABELS, col_labels=C_VALU
 # $$
 #
 # The state work does not depend on $C$; the diagonal blocks grow linearly in it, and the two are
-# equal at $C = D$. The masked half of each block is counted, because a dense matrix product
-# computes it (a kernel that skips the zero half saves about half of the second term). At $C = 1$
-# the count is the recurrence's $4TD^2$ plus the $4TD$ flops of the $1 \times 1$ blocks; at $C = T$
-# it is the parallel form's. `tinyk3.cost` holds this count for the lib's `chunked` (whose last
-# chunk is padded to $C$ rows, so it counts $\lceil T/C \rceil$ full chunks), and the same for the
-# two limits:
+# equal at $C = D$. The masked half of each block is counted, because a dense product computes
+# it. At $C = 1$ the count is the recurrence's plus $4TD$; at $C = T$ it is the parallel form's.
+# `tinyk3.cost` holds this count for the lib's `chunked` ($\lceil T/C \rceil$ padded chunks), and
+# for the two limits:
 
 # %%
 tinyk3.notebook.show_source(cost.chunked_linear_attention_flops)
@@ -567,17 +593,16 @@ print(f"T = {T}, D = {D}, C = {C}, one head: the post's 2LD² + 2LCD = {posts:,}
       f"PyTorch counts {counted:,} ({counted / posts:.0f}x)")
 
 # %% [markdown]
-# The post's numbers count one operation per multiply-add, each term of a product $\sum_k a_{ik} b_{kj}$
-# once. That is a legitimate unit, but not the unit of FLOP/s figures, which count the multiply and
-# the add separately ($2mkn$ per product, as `tinyk3.bench.matmul_flops` and PyTorch's counter do).
-# Divide the post's numbers by a flop rate and the predicted time is too short by half. The course
-# uses flops throughout: $4TD^2 + 4TCD$ per head.
+# The post counts one operation per multiply-add. That is a legitimate unit, but FLOP/s figures
+# count the multiply and the add separately ($2mkn$ per product, as `bench.matmul_flops` and
+# PyTorch's counter do), so a time predicted from the post's numbers is too short by half. The
+# course uses flops throughout: $4TD^2 + 4TCD$ per head.
 
 # %% [markdown]
 # ## Experiment: time against the chunk size
 #
 # The flop count says the smaller $C$, the less work. Time says otherwise. On one CPU thread, for
-# $T = 4096$ tokens and $H = 4$ heads of size $D = 64$ (at full size), float32, and for every
+# $T = 4096$ tokens and $H = 4$ heads of size $D = 64$, float32, and for every
 # power of two $C$ from 1 to $T$, time two chunked forms:
 #
 # - **the lib's `chunked`**: every chunk at once, with the exclusive prefix sum, holding all $N$
@@ -585,8 +610,9 @@ print(f"T = {T}, D = {D}, C = {C}, one head: the post's 2LD² + 2LCD = {posts:,}
 # - **the chunk loop** built above: one Python iteration per chunk, holding one state.
 #
 # With them, the recurrence (the $C = 1$ limit) and the parallel form ($C = T$) from the first
-# section. About 20 seconds at full size (the cell prints its time); the slowest single point is
-# the lib's form at $C = 1$.
+# section. Each time is the median of several runs (`tinyk3.timing`); the table gives the
+# quartiles, and where the two forms' quartile ranges overlap it says so instead of ranking them.
+# The cell prints its time.
 
 # %%
 t0 = time.perf_counter()
@@ -602,14 +628,19 @@ with torch.no_grad():
         times["chunk loop"].append(timed(loop_form))
 flops = np.array([B * H * cost.chunked_linear_attention_flops(T, D, C).matmul
                   for C in CHUNK_SIZES], dtype=float)
-chunks = np.array([cost.n_chunks(T, C) for C in CHUNK_SIZES], dtype=float)
-print(f"{'C':>5s} {'chunks':>6s} {'GFLOP':>7s} | "
-      f"{'lib chunked':>11s} {'GFLOP/s':>8s} | {'chunk loop':>11s} {'GFLOP/s':>8s}")
+n_chunk = np.array([cost.n_chunks(T, C) for C in CHUNK_SIZES], dtype=float)
+print(bench.stamp())
+print(f"{'C':>5s} {'chunks':>6s} {'GFLOP':>6s} | {'lib chunked (quartiles)':>25s} "
+      f"| {'chunk loop (quartiles)':>25s} | faster")
+verdicts = []
 for idx, C in enumerate(CHUNK_SIZES):
     a, b = times["lib chunked"][idx], times["chunk loop"][idx]
-    print(f"{C:5d} {int(chunks[idx]):6d} {flops[idx] / 1e9:7.3f} | "
-          f"{a * 1e3:8.1f} ms {flops[idx] / a / 1e9:8.2f} | "
-          f"{b * 1e3:8.1f} ms {flops[idx] / b / 1e9:8.2f}")
+    verdict = ("within the spread" if not distinguishable(a, b)
+               else "lib chunked" if a < b else "chunk loop")
+    verdicts.append(verdict)
+    print(f"{C:5d} {int(n_chunk[idx]):6d} {flops[idx] / 1e9:6.2f} | "
+          f"{a * 1e3:7.1f} ms ({a.low * 1e3:6.1f}-{a.high * 1e3:6.1f}) | "
+          f"{b * 1e3:7.1f} ms ({b.low * 1e3:6.1f}-{b.high * 1e3:6.1f}) | {verdict}")
 print(f"recurrent {t_recurrent * 1e3:.1f} ms, parallel {t_parallel * 1e3:.1f} ms; "
       f"matmul rate {peak / 1e9:.0f} GFLOP/s ({time.perf_counter() - t0:.0f} s)")
 for name, secs in times.items():
@@ -617,11 +648,11 @@ for name, secs in times.items():
     print(f"{name}: fastest at C = {CHUNK_SIZES[best]} ({secs[best] * 1e3:.1f} ms), "
           f"{t_recurrent / secs[best]:.0f}x faster than the recurrence and "
           f"{t_parallel / secs[best]:.0f}x faster than the parallel form")
-faster = sum(b < a for a, b in zip(times["lib chunked"], times["chunk loop"]))
-print(f"the chunk loop is faster than lib chunked at {faster} "
+print(", ".join(f"{name} faster at {verdicts.count(name)}" for name in times)
+      + f", within the spread at {verdicts.count('within the spread')} "
       f"of the {len(CHUNK_SIZES)} chunk sizes")
 
-# %% mystnb={"figure": {"caption": "Time (top) and flop rate (bottom) of the lib's vectorised chunked form and of the chunk loop against the chunk size $C$, next to the recurrence ($C = 1$), the parallel form ($C = T$) and the matrix-product rate: both forms trace a U, and at small $C$ the rate collapses although the flops barely change.", "name": "fig-chunked-time-rate-vs-c"}, "image": {"alt": "Two stacked line plots against chunk size on a log axis from 1 to T. Top: time in milliseconds on a log scale for the lib's chunked form and the chunk loop, both U-shaped with their lowest point at 64 or 128 tokens per chunk, a triangle for the recurrence at C = 1, one for the parallel form at C = T, and a dashed line below both for the time of the flops at the matrix-product rate, far below at small chunks and within a factor of about three at the largest. Bottom: GFLOP per second of both forms, near zero at small chunks, rising to a peak of about 40 for the lib's form and about 60 for the chunk loop at 256 to 512 tokens per chunk and falling at the largest, below a dashed line for the matrix-product rate near 80."}}
+# %% mystnb={"figure": {"caption": "Time (top) and flop rate (bottom) of the lib's vectorised chunked form and of the chunk loop against the chunk size $C$, next to the recurrence ($C = 1$), the parallel form ($C = T$) and the matrix-product rate: both forms trace a U, and at small $C$ the rate collapses although the flops barely change.", "name": "fig-chunked-time-rate-vs-c"}, "image": {"alt": "Two stacked line plots against chunk size on a log axis from 1 to T. Top: time in milliseconds on a log scale for the lib's chunked form and the chunk loop, both U-shaped with their lowest point between 16 and 128 tokens per chunk, a triangle for the recurrence at C = 1, one for the parallel form at C = T, and a dashed line below both for the time of the flops at the matrix-product rate, far below at small chunks and within a small factor at the largest. Bottom: GFLOP per second of both forms, near zero at small chunks, rising to a peak of a few tens at a few hundred tokens per chunk and falling at the largest, below a dashed line for the matrix-product rate."}}
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
 for name, marker in (("lib chunked", "o-"), ("chunk loop", "s-")):
     ax1.plot(CHUNK_SIZES, np.array(times[name]) * 1e3, marker, ms=4, label=name)
@@ -642,16 +673,13 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# In the run shown here both forms trace a U. On the right, the diagonal blocks dominate: from
-# $C = 512$ on, each doubling of $C$ roughly doubles the flops and about doubles the time, or more
-# at the largest chunks, where the rate falls; that rate stays a sizeable fraction of the
-# matrix-product rate (lower panel; the dashed line in the upper panel is the time the flops
-# alone would take at that rate). On the left the
-# flops barely change (the state work $4TD^2$ is the same at every $C$), yet the time grows as $C$
-# shrinks and the rate collapses: the cost there is per chunk, not per flop. The bottom of the U
-# is at 64 to 128 tokens per chunk (the lines under the table give the fastest $C$
-# and the gain over both limits), the range GPU kernels use too: 64 or 128, the size of a
-# tensor-core tile.
+# Both forms trace a U. On the right the diagonal blocks dominate: from $C = 512$ on, each
+# doubling of $C$ about doubles the flops and the time, at a rate that stays a sizeable fraction
+# of the matrix-product rate (lower panel; the dashed line in the upper panel is the time the
+# flops alone would take at that rate). On the left the flops barely change (the state work
+# $4TD^2$ is the same at every $C$), yet the time grows as $C$ shrinks and the rate collapses: the
+# cost there is per chunk, not per flop. The bottom of the U (the lines under the table give the
+# fastest $C$) is in the range GPU kernels use too: 64 or 128, the size of a tensor-core tile.
 #
 # **A cost model with a per-chunk term.** If each chunk costs a fixed amount $b$ besides its
 # flops, then
@@ -683,7 +711,7 @@ for idx, C in enumerate(CHUNK_SIZES):
     ratios = [times[name][idx] / fit[2][idx] for name, fit in fits.items()]
     print(f"{C:6d} " + " ".join(f"{r:12.2f}" for r in ratios))
 
-# %% mystnb={"figure": {"caption": "Measured time of the two chunked forms against the chunk size $C$ (dots) and the fitted model $a \\cdot F(C) + b \\cdot \\lceil T/C \\rceil$ (lines): two numbers per form, a flop rate and a cost per chunk, reproduce the U and where its bottom lies.", "name": "fig-chunked-cost-model-fit"}, "image": {"alt": "Log-log plot of time in milliseconds against chunk size from 1 to T: dots for the measured times of the lib's chunked form and the chunk loop, each with a fitted line of the same colour; all four trace a U with the lowest point at 64 or 128 tokens per chunk, the lines close to the dots in the middle, while the measured times lie above the lines at the largest chunk sizes and, for the lib's form, at the smallest."}}
+# %% mystnb={"figure": {"caption": "Measured time of the two chunked forms against the chunk size $C$ (dots) and the fitted model $a \\cdot F(C) + b \\cdot \\lceil T/C \\rceil$ (lines): two numbers per form, a flop rate and a cost per chunk, reproduce the U and where its bottom lies.", "name": "fig-chunked-cost-model-fit"}, "image": {"alt": "Log-log plot of time in milliseconds against chunk size from 1 to T: dots for the measured times of the lib's chunked form and the chunk loop, each with a fitted line of the same colour; all four trace a U with the lowest point between 16 and 128 tokens per chunk, the lines close to the dots in the middle, while the measured times lie above the lines at the largest chunk sizes."}}
 fig, ax = plt.subplots(figsize=(6.8, 4))
 for (name, (a, b, pred)), color in zip(fits.items(), ("C0", "C1")):
     ax.plot(CHUNK_SIZES, np.array(times[name]) * 1e3, "o", color=color, ms=4,
@@ -697,61 +725,71 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# Two numbers per form reproduce the U: its shape, about where its bottom is, and in the run shown here
-# most points to within a few tens of percent (the ratio table). The misses are at the ends, and
-# they come from the flop rate, which is not one number: it depends on the shapes of the products
-# and on what fits in the processor's caches. Both forms run slower than the model at the largest
-# chunks, whose $C \times C$ score matrices no longer fit in cache, and the lib's form also at the
-# smallest, where the per-chunk cost itself grows. The per-chunk cost $b$ is what the flop count leaves out, and its source
-# differs between the two forms:
+# Two numbers per form reproduce the U: its shape, about where its bottom is, and most points to
+# within a few tens of percent (the ratio table). The misses are at the ends, where the flop rate
+# is not one number: it depends on the shapes of the products and on what fits in the caches
+# (the $C \times C$ score blocks of the largest chunks do not). The per-chunk cost $b$ is what the
+# flop count leaves out:
 #
-# - **The chunk loop** pays the Python interpreter and PyTorch's dispatch for the half-dozen
-#   operations of each iteration, whatever their size ($b$ above, in microseconds). That is what
-#   the recurrence pays per token too, which is why the loop at $C = 1$ and `la.recurrent` land
-#   near each other (within a factor of two).
-# - **The lib's form** has no Python loop, yet its $b$ is larger: it writes all $N$ chunk states,
-#   $N D^2$ numbers per head, and at small $C$ that traffic dominates; the more states there are,
-#   the less of them stays in cache, so the cost per chunk grows as $C$ shrinks. Its scan, the one
-#   line that builds `S_all`, timed on its own at three chunk sizes against the whole call:
+# - **The chunk loop** pays the interpreter and PyTorch's dispatch for the half-dozen operations
+#   of each iteration, whatever their size. The recurrence pays the same per token, which is why
+#   the loop at $C = 1$ and `la.recurrent` land near each other.
+# - **The lib's form** pays one small iteration per chunk in its scan, and it writes all $N$ chunk
+#   states, $N D^2$ numbers per head, then reads them back: at $C = 1$ that is a trip to memory
+#   for every token's state, which the loop, holding one state in cache, never makes.
+#
+# **Where the time of the vectorised form goes.** A first version of `la.chunked` computed the
+# scan as `torch.cumsum(kv, dim=2)`, one line and no Python loop, and at $C = 1$ it was several
+# times slower than the chunk loop. The states it moves at $C = 1$ (a few hundred MiB) would take
+# a fraction of a second at the memory bandwidth chapter 3 measured, so the traffic alone did not
+# explain it. Timing the scan on its own, three ways, on the same $N$ states of $D \times D$: that
+# `cumsum` along the chunk axis (first column: at $C = 1$ it alone takes longer than the whole
+# chunk loop in the table above); the same `cumsum` with the chunk axis innermost in memory
+# (`[B, H, D, D, N]`); and the lib's in-place loop, next to the whole `la.chunked` call:
 
 # %%
-def time_scan(N):
-    """Seconds of la.chunked's scan alone, the line that builds S_all, for N chunks."""
-    kv = torch.randn(B, H, N, D, D)  # stand-in for the N products K_cᵀ V_c
-    S_start = torch.zeros(B, H, D, D)
-
-    def scan():
-        S_first = S_start.unsqueeze(2)  # [B, H, 1, D, D]
-        return torch.cat([S_first, S_first + kv.cumsum(dim=2)], dim=2)
-
-    return timed(scan)
+def cumsum_scan(kv, S_start):
+    """The first edition's scan: cumsum along the chunk axis, S_0 put in front."""
+    S_first = S_start.unsqueeze(2)  # [B, H, 1, D, D]
+    return torch.cat([S_first, S_first + kv.cumsum(dim=2)], dim=2)
 
 
+print(f"{'C':>3s} {'N':>5s} {'states':>9s} | {'cumsum, dim 2':>13s} "
+      f"{'cumsum, innermost':>17s} {'in place':>9s} | {'la.chunked':>10s} "
+      f"{'effective':>10s}")
 for C in (1, 16, 64) if not SMOKE else (1, 16):
     N = cost.n_chunks(T, C)
-    scan = time_scan(N)
+    kv = torch.zeros(B, H, N, D, D)  # stand-in for the N products K_[c]ᵀ V_[c]
+    kv_inner = torch.zeros(B, H, D, D, N)  # the same numbers, the chunk axis innermost
+    S_start = torch.zeros(B, H, D, D)
+    t_cumsum = timed(partial(cumsum_scan, kv, S_start))
+    t_inner = timed(partial(kv_inner.cumsum, dim=-1))
+    t_loop = timed(partial(chunks.exclusive_scan_, kv, S_start))
     whole = times["lib chunked"][CHUNK_SIZES.index(C)]
-    print(f"C = {C:3d}: the scan over {N:5d} states of {D}×{D} (×{H} heads) "
-          f"takes {scan * 1e3:7.1f} ms of the {whole * 1e3:7.1f} ms of la.chunked "
-          f"({scan / whole:.0%})")
+    state_bytes = kv.numel() * kv.element_size()
+    # the states are written (K_[c]ᵀ V_[c]), read and written (scan), read (Q_[c] S_[c])
+    rate = 4 * state_bytes / whole / 1e9
+    print(f"{C:3d} {N:5d} {state_bytes / 2**20:5.1f} MiB | {t_cumsum * 1e3:10.1f} ms "
+          f"{t_inner * 1e3:14.1f} ms {t_loop * 1e3:6.1f} ms | {whole * 1e3:7.1f} ms "
+          f"{rate:6.1f} GB/s")
 
 # %% [markdown]
-# In the run shown here the scan, which is nearly free in flops ($TD^2/C$ additions), takes most of
-# the time at $C = 1$: PyTorch's `cumsum` over the chunk axis of a large tensor is slow on a CPU,
-# and it reads and writes every state. That is also why the loop was faster than the vectorised
-# form at small chunk sizes, by a wide margin (the count under the table says at how many sizes in
-# all): on one CPU core, a Python iteration per chunk costs less than a round trip to memory for
-# every chunk state. On a GPU the trade-off is different: a loop launches a few
-# small kernels per chunk, each leaving most of the chip idle, while the vectorised form launches
-# the same few large ones whatever the number of chunks.
+# The cause is the one line, not the traffic. PyTorch's CPU `cumsum` along an axis that is not the
+# innermost walks each of the $B H D^2$ columns on its own, one element at a time, with a whole
+# state between consecutive steps: nearly every step is a cache miss (and, a page away, a TLB
+# miss). The same sum with the chunk axis innermost is several times faster (second column), and
+# the loop of $N$ in-place additions, each a contiguous $B \times H \times D \times D$ slab, is
+# faster still (third column). The lib now runs that loop (`chunks.exclusive_scan_`, shown
+# above); the whole call then moves its states at the rate in the last column, the order of
+# memory bandwidth. Its remaining cost at small $C$ is that traffic, which the loop avoids. On a
+# GPU the trade-off differs: a Python loop launches a few small kernels per chunk, each leaving
+# most of the chip idle, while fused kernels (chapter 9) keep the running state on chip and walk
+# the chunks in order inside one kernel.
 #
 # The general lesson holds on both: the chunked form trades per-chunk costs (fixed overheads, and
 # a $D_k \times D_v$ state to move per chunk and head) against the diagonal blocks' flops, which
-# grow with $C$, and the best $C$ is where the two balance. On a GPU the per-chunk costs are
-# kernel launches and trips to memory, the products run on tensor cores, and kernels use chunks of
-# 64 or 128 tokens. Chapter 9 builds such a kernel.
+# grow with $C$, and the best $C$ is where the two balance: 64 or 128 tokens in GPU kernels.
 
-# %% [markdown]
 # (erratum-chunked-remainder)=
 # ## Erratum: the post's chunk loop drops the last tokens
 #
@@ -854,9 +892,9 @@ def chunked_linear_attention_solution(q, k, v, chunk_size):
     # zero-padded to N·C tokens, then cut into chunks   [B, H, N, C, D]
     Qc, Kc, Vc = (torch.cat([x, x.new_zeros(B, H, pad, x.shape[-1])], dim=2)
                   .view(B, H, N, C, -1) for x in (q, k, v))
-    kv = Kc.transpose(-1, -2) @ Vc  # K_cᵀ V_c for every chunk       [B, H, N, Dk, Dv]
-    S_start = kv.cumsum(dim=2) - kv  # exclusive prefix sum: S_c = Σ_{c' < c} K_c'ᵀ V_c'
-    scores = (Qc @ Kc.transpose(-1, -2)).tril()  # Q_c K_cᵀ ⊙ M          [B, H, N, C, C]
+    kv = Kc.transpose(-1, -2) @ Vc  # K_[c]ᵀ V_[c] for every chunk   [B, H, N, Dk, Dv]
+    S_start = kv.cumsum(dim=2) - kv  # exclusive: S_[c] = Σ_{c' < c} K_[c']ᵀ V_[c']
+    scores = (Qc @ Kc.transpose(-1, -2)).tril()  # Q_[c] K_[c]ᵀ ⊙ M      [B, H, N, C, C]
     o = Qc @ S_start + scores @ Vc  # [B, H, N, C, Dv]
     return o.reshape(B, H, N * C, -1)[:, :, :T]  # drop the padding   [B, H, T, Dv]
 
@@ -894,8 +932,8 @@ ok = checks.run("chunked.flops", chunked_flops_mine)
 # %%
 def chunked_flops_solution(T, D, C):
     n_chunks = -(-T // C)  # ⌈T/C⌉, the last chunk padded to C rows
-    state = 2 * C * D * D + 2 * D * C * D  # Q_c S_c and K_cᵀ V_c
-    diagonal = 2 * C * D * C + 2 * C * C * D  # Q_c K_cᵀ and (Q_c K_cᵀ ⊙ M) V_c
+    state = 2 * C * D * D + 2 * D * C * D  # Q_[c] S_[c] and K_[c]ᵀ V_[c]
+    diagonal = 2 * C * D * C + 2 * C * C * D  # Q_[c] K_[c]ᵀ and (… ⊙ M) V_[c]
     return n_chunks * (state + diagonal)
 
 
@@ -926,11 +964,12 @@ for C in (32, 64, 128, 256):
 #   $2mkn$ per product and checked against PyTorch's counter); the post's $2LD^2 + 2LCD$ has the
 #   right shape and half the constants, since it counts multiply-adds.
 # - Time does not follow the flops at small $C$: each chunk has a fixed cost (interpreter and
-#   dispatch for the loop; the traffic of writing every chunk state for the vectorised form). A
-#   two-term model, flops plus a cost per chunk, describes the measured U, whose bottom lies at
-#   chunk sizes of 64 to 128 tokens here.
-# - The post's chunk loop runs over `range(T // C)` and drops the last $T \bmod C$ tokens; step
-#   with `range(0, T, C)` or pad the last chunk.
+#   dispatch for the loop; the traffic of every chunk state for the vectorised form). A two-term
+#   model, flops plus a cost per chunk, describes the measured U.
+# - Measure before explaining: the vectorised form's slowness at $C = 1$ was one `cumsum` along a
+#   non-innermost axis, not the memory traffic; an in-place scan over the chunks removed it.
+# - The post swaps its two orders ("q(kᵀv)" is state first, not score first, and "(kᵀv)q" does
+#   not type-check), and its chunk loop over `range(T // C)` drops the last $T \bmod C$ tokens.
 #
 # **Next.** The chunked form rests on one fact: the state after a chunk is the state before it plus
 # a sum, $K_{[c]}^\top V_{[c]}$, that the chunk computes on its own. The delta rule breaks it. Each

@@ -16,7 +16,7 @@
 # # The WY representation and the UT transform
 #
 # Chapter 6 made linear attention fast on long sequences by cutting them into chunks: inside a
-# chunk a masked product, across chunks one state update, $S \leftarrow S + K_c^\top V_c$. That
+# chunk a masked product, across chunks one state update, $S \leftarrow S + K_{[c]}^\top V_{[c]}$. That
 # update works because linear attention's state is a *sum*, and a sum can be grouped any way.
 # DeltaNet's state is not a sum: every token reads the state its predecessors left before it
 # writes (chapter 5), so the writes of a chunk depend on one another and on the state the chunk
@@ -29,12 +29,13 @@
 # **In this chapter** you derive the WY representation by induction and check it against the
 # explicit product of transitions; turn its recursion into the UT transform and see that the
 # recursion *is* forward substitution; build the block-wise inverse that GPU kernels use;
-# check that the papers', the blog's and the kernel library's ways of writing $T$ give the same
+# check that the papers', the blog's and the kernel library's ways of writing $\mathcal{T}$ give the same
 # numbers (and that a sign slip seen in print does not); prove and measure how well
 # conditioned the triangular solve is, and why normalised keys and $\beta \le 1$ matter; and time
-# the explicit product of transitions against the WY form as the head size grows.
+# the WY form against the two direct ways of forming the product of transitions, and say what it
+# buys.
 #
-# **Cost.** About 15 seconds on one CPU core at full size (the last cell prints the time);
+# **Cost.** About 20 seconds on one CPU core (the last cell prints the time);
 # `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
@@ -79,18 +80,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tinyk3 import checks, conditioning
+from tinyk3 import bench, checks, conditioning
 from tinyk3.ops import delta_rule, linear_attention, wy
+from tinyk3.timing import distinguishable, time_fn
+from tinyk3.util import max_diff
 
 CHUNK_SIZES = [16, 32, 64] if SMOKE else [16, 32, 64, 128, 256]  # C in the sweep
 BETAS = [0.1, 0.5, 1.0, 2.0] if SMOKE else [0.1, 0.25, 0.5, 1.0, 2.0]  # β in the sweep
 N_CHUNKS = 4 if SMOKE else 16  # random chunks per point of the sweep
 TIMING_DIMS = [16, 32, 64] if SMOKE else [16, 32, 64, 128, 256]  # head sizes D timed
-TIMING_REPEATS = 2 if SMOKE else 7
-
-
-def max_diff(a, b):
-    return (a - b).abs().max().item()
+TIMING_REPEATS = 3 if SMOKE else 7  # median of k runs (tinyk3.timing)
 
 
 def unit_chunk(shape, C, Dk, Dv, seed, dtype=torch.float64):
@@ -107,10 +106,10 @@ def unit_chunk(shape, C, Dk, Dv, seed, dtype=torch.float64):
 # ## The problem: a chunk of delta-rule writes is not a sum
 #
 # For linear attention, the state after a chunk of $C$ tokens is the state before it plus the
-# chunk's writes, $S_C = S_0 + \sum_t k_t^\top v_t = S_0 + K^\top V$, whatever $S_0$ is. That one
+# chunk's writes, $S_{[1]} = S_0 + \sum_t k_t^\top v_t = S_0 + K^\top V$, whatever $S_0$ is. That one
 # line is what made chapter 6's chunked form possible. The same shortcut for the delta rule
 # would let every token of the chunk compute its correction against $S_0$,
-# $S_C \overset{?}{=} S_0 + K^\top \operatorname{diag}(\beta)(V - K S_0)$: the read-once block
+# $S_{[1]} \overset{?}{=} S_0 + K^\top \operatorname{diag}(\beta)(V - K S_0)$: the read-once block
 # update of chapter 5's erratum. One chunk of 64 tokens, unit keys in $D_k = 32$, both rules
 # against their token loops:
 
@@ -135,7 +134,7 @@ print(f"delta rule:       max |S_0 + Kᵀ diag(β)(V - K S_0) - token loop|    =
 # Unrolled over a chunk of $C$ tokens:
 #
 # $$
-# S_C \;=\; \underbrace{F_C F_{C-1} \cdots F_1}_{P}\; S_0 \;+\;
+# S_{[1]} \;=\; \underbrace{F_C F_{C-1} \cdots F_1}_{P}\; S_0 \;+\;
 #   \underbrace{\sum_{t=1}^{C} F_C \cdots F_{t+1}\, \beta_t\, k_t^\top v_t}_{H} .
 # $$
 #
@@ -151,12 +150,13 @@ print(f"max |P S_0 + H - token loop from S_0| = "
 
 # %% [markdown]
 # So a chunk *could* be handled like chapter 6's: compute each chunk's $(P, H)$ independently,
-# then pass the state through the chunks with one $P S + H$ each. But $P$ is a dense
-# $D_k \times D_k$ matrix and computing it takes $C$ products of $D_k \times D_k$ matrices,
-# about $2 C D_k^3$ floating-point operations per chunk; the experiment at the end of the chapter
-# measures it. The way out is structure: each $F_t$ is the identity minus a rank-one matrix,
-# so their product is the identity minus a matrix of rank at most $C$, and it can be kept in
-# that form.
+# then pass the state through the chunks with one $P S + H$ each. Multiplying the $C$ transitions
+# out as dense matrices costs $2 C D_k^3$ flops per chunk, but that is not the way to form $P$: each
+# factor is the identity minus a rank-one matrix, so $P \leftarrow F_t P = P - \beta_t k_t^\top
+# (k_t P)$ costs $4 D_k^2$ per token, $4 C D_k^2$ per chunk. Even so $P$ is a dense $D_k \times D_k$
+# matrix per chunk, built in $C$ dependent steps of vector-times-matrix products, which no
+# tensor core runs well. The product has more structure than that: the identity minus a matrix
+# of rank at most $C$, which can be kept in that form.
 
 # %% [markdown]
 # ## The WY representation
@@ -227,10 +227,10 @@ for dtype in (torch.float64, torch.float32):
           f"   (float64 product vs this one: {max_diff(P, P_explicit.double()):.1e})")
 
 # %% [markdown]
-# And the whole chunk, $S_C = P S_0 + K^\top U$, which with $P = I - K^\top W$ is
+# And the whole chunk, $S_{[1]} = P S_0 + K^\top U$, which with $P = I - K^\top W$ is
 #
 # $$
-# S_C = S_0 + K^\top \big(U - W S_0\big).
+# S_{[1]} = S_0 + K^\top \big(U - W S_0\big).
 # $$
 #
 # Read it as chapter 5 would: row $t$ of $U - W S_0$ is the correction
@@ -260,8 +260,8 @@ print(f"max |U - W S_0 - the corrections of the token loop| = "
 # transformation. Bischof and Van Loan (1987, *The WY representation for products of Householder
 # matrices*) wrote a product of reflections as the identity plus a product of two thin matrices,
 # $W$ and $Y$, so that blocked QR factorisations could use matrix products; Schreiber and Van
-# Loan (1989) found the compact form $I - Y T Y^\top$ with a small triangular $T$. Here the thin
-# matrix is the keys themselves, and the next section finds $T$. (Papers write the transposed
+# Loan (1989) found the compact form $I - Y \mathcal{T} Y^\top$ with a small triangular $\mathcal{T}$. Here the thin
+# matrix is the keys themselves, and the next section finds $\mathcal{T}$. (Papers write the transposed
 # state; the section on conventions below maps the two.)
 
 # %% [markdown]
@@ -280,15 +280,15 @@ print(f"max |U - W S_0 - the corrections of the token loop| = "
 # $\beta_r\, k_r \cdot k_i$ for $i < r$, ones on the diagonal, zeros above. So
 #
 # $$
-# W = T K, \qquad U = T V, \qquad T = A^{-1} \operatorname{diag}(\beta)
+# W = \mathcal{T} K, \qquad U = \mathcal{T} V, \qquad \mathcal{T} = A^{-1} \operatorname{diag}(\beta)
 #   = \Big(I + \operatorname{tril}\big(\operatorname{diag}(\beta) K K^\top, -1\big)\Big)^{-1} \operatorname{diag}(\beta).
 # $$
 #
-# $T$ is the *UT transform* of the chunk (Yang et al. take the name from Joffrain et al., 2006,
+# $\mathcal{T}$ (a calligraphic T; plain $T$ is the sequence length) is the *UT transform* of the chunk (Yang et al. take the name from Joffrain et al., 2006,
 # *Accumulating Householder transformations, revisited*). It is $C \times C$, lower triangular
 # (token $r$ combines only tokens $\le r$), with $\beta$ on its diagonal, and it depends on the keys
-# and write strengths only: the same $T$ gives $W$ from $K$ and $U$ from $V$. `tinyk3.ops.wy`
-# builds $A$ and $T$:
+# and write strengths only: the same $\mathcal{T}$ gives $W$ from $K$ and $U$ from $V$. `tinyk3.ops.wy`
+# builds $A$ and $\mathcal{T}$:
 
 # %%
 tinyk3.notebook.show_source(wy.ut_matrix)
@@ -296,7 +296,7 @@ tinyk3.notebook.show_source(wy.ut_matrix)
 # %%
 A = wy.ut_matrix(k, beta)  # I + tril(diag(β) K Kᵀ, −1)   [B, H, C, C]
 T = wy.ut_transform(k, beta)  # A⁻¹ diag(β)                 [B, H, C, C]
-W, U = wy.wy_factors(k, v, beta)  # T K, T V
+W, U = wy.wy_factors(k, v, beta)  # 𝒯 K, 𝒯 V
 print(f"max |T K - W from the recursion| = {max_diff(T @ k, W_loop):.1e}")
 print(f"max |T V - U from the recursion| = {max_diff(T @ v, U_loop):.1e}")
 print(f"T above its diagonal: max |entry| = {T.triu(1).abs().max():.1e}; "
@@ -366,8 +366,6 @@ for C_, blk in ((64, 16), (64, 4), (100, 16), (100, 1)):
 # X_{ii} = A_{ii}^{-1}, \qquad X_{ij} = -X_{ii} \sum_{m=j}^{i-1} A_{im} X_{mj} \quad (i > j).
 # $$
 #
-# (An earlier fla kernel for 64-token chunks merged two $32 \times 32$ blocks with the $2 \times 2$
-# formula above.)
 # The block version, written from this equation, against the pairwise merges:
 
 # %%
@@ -405,7 +403,7 @@ for C_ in (64, 128):
 # %% [markdown]
 # ## Conventions: the papers, the blog and the kernels agree
 #
-# Three ways of writing the same $T$ are in circulation. Each is written below in a few lines
+# Three ways of writing the same $\mathcal{T}$ are in circulation. Each is written below in a few lines
 # from its own equation, not from anyone's code.
 #
 # **Papers and the blog** (Yang et al., 2024, and Songlin Yang's blog post *DeltaNet Explained,
@@ -413,7 +411,7 @@ for C_ in (64, 128):
 # vectors: $S^{\text{p}}_t = S^{\text{p}}_{t-1}(I - \beta_t k_t k_t^\top) + \beta_t v_t k_t^\top$.
 # Their product of transitions runs the other way, later tokens on the **right**, and its WY
 # form is $P^{\text{p}} = I - \sum_i w_i k_i^\top = I - W^\top K$, with the chunk update
-# $S^{\text{p}}_C = S^{\text{p}}_0 + (U - W S^{\text{p}\top}_0)^\top K$. Their $T$, $W$ and $U$ are
+# $S^{\text{p}}_{[1]} = S^{\text{p}}_0 + (U - W S^{\text{p}\top}_0)^\top K$. Their $\mathcal{T}$, $W$ and $U$ are
 # ours (rows of $W$ and $U$ are tokens in both); only $P$ and $S$ are transposed.
 #
 # **The kernel library** (fla) splits the work into stages. The first computes the strictly
@@ -439,7 +437,7 @@ def paper_layout_chunk(k, v, beta, S0_paper):
         k_col = k[..., t, :, None]  # a column vector  [..., Dk, 1]
         F_t = eye_k - beta[..., t, None, None] * k_col @ k_col.mT  # I − β_t k_t k_tᵀ
         P_paper = P_paper @ F_t  # later transitions on the right
-    W_, U_ = wy.wy_factors(k, v, beta)  # the same T, W, U
+    W_, U_ = wy.wy_factors(k, v, beta)  # the same 𝒯, W, U
     # S_0 + (U − W S_0ᵀ)ᵀ K   [..., Dv, Dk]
     S_C = S0_paper + (U_ - W_ @ S0_paper.mT).mT @ k
     return P_paper, W_, S_C
@@ -452,7 +450,7 @@ def fla_style_T(k, beta):
     eye_C = torch.eye(k.shape[-2], dtype=k.dtype).expand_as(A_strict)
     Ai = torch.linalg.solve_triangular(eye_C + A_strict, eye_C, upper=False,
                                        unitriangular=True)
-    return Ai * beta[..., None, :]  # so that T K = Ai (β ⊙ K)
+    return Ai * beta[..., None, :]  # so that 𝒯 K = Ai (β ⊙ K)
 
 
 def negated_in_place_T(k, beta):
@@ -472,7 +470,7 @@ d_stages = max_diff(fla_style_T(k, beta), T)
 d_negated = max_diff(negated_in_place_T(k, beta), T)
 print(f"papers: max |P^p - (I - Wᵀ K)|           = {d_wy:.1e}")
 print(f"papers: max |P^p - our P transposed|      = {max_diff(P_paper, P.mT):.1e}")
-print(f"papers: max |S^p_C - our S_C transposed|  = {d_state:.1e}")
+print(f"papers: max |S^p_[1] - our S_[1] transposed| = {d_state:.1e}")
 print(f"kernel stages: max |T - ours|             = {d_stages:.1e}")
 print(f"negated, in place: max |T - ours|         = {d_negated:.1e}")
 
@@ -499,9 +497,9 @@ print(f"(I + tril(...))⁻¹ diag(β): max |I - Kᵀ T K - F_C ⋯ F_1| = "
 # ## Conditioning: how hard is the triangular solve?
 #
 # A triangular solve in float32 is only as good as the matrix allows. Two questions: how large
-# can $T$ get, and how much does rounding move it?
+# can $\mathcal{T}$ get, and how much does rounding move it?
 #
-# **A bound from the recurrence.** Take one column of $T$. Since $U = T V$, column $j$ of $T$ is the
+# **A bound from the recurrence.** Take one column of $\mathcal{T}$. Since $U = \mathcal{T} V$, column $j$ of $\mathcal{T}$ is the
 # vector of corrections $u_1, \dots, u_C$ of a chunk that starts from $S_0 = 0$ with a single value
 # channel ($D_v = 1$) in which only token $j$ writes, $v_j = 1$. Before token $j$ nothing is
 # written, so $u_i = 0$; token $j$ writes $u_j = \beta_j$ and leaves the state $\beta_j k_j^\top$, of
@@ -512,14 +510,19 @@ print(f"(I + tril(...))⁻¹ diag(β): max |I - Kᵀ T K - F_C ⋯ F_1| = "
 # $\beta \in [0, 2]$, whatever the directions of the keys:
 #
 # $$
-# |T_{ij}| \le \beta_i \beta_j \ (i > j), \qquad T_{jj} = \beta_j, \qquad
-# |(A^{-1})_{ij}| = |T_{ij}| / \beta_j \le \beta_i .
+# |\mathcal{T}_{ij}| \le \beta_i \beta_j \ (i > j), \qquad \mathcal{T}_{jj} = \beta_j, \qquad
+# |(A^{-1})_{ij}| = |\mathcal{T}_{ij}| / \beta_j \le \beta_i .
 # $$
 #
 # With $\beta \le 1$ every entry of $A$ and of $A^{-1}$ is at most 1 in size, so the condition
-# number is at most $\|A\|_\infty \|A^{-1}\|_\infty \le C \cdot C = C^2$. Without normalised keys
+# number in the $\infty$-norm is at most $\kappa_\infty(A) = \|A\|_\infty \|A^{-1}\|_\infty \le C \cdot C = C^2$,
+# where $\|A\|_\infty = \max_i \sum_j |A_{ij}|$ is the largest absolute row sum. The sweep below
+# reports the more common $\kappa_2(A) = \sigma_{\max}(A) / \sigma_{\min}(A)$, the ratio of the largest
+# to the smallest singular value (`conditioning.condition_number`); a rounding error of relative
+# size $\epsilon$ in $A$ can move the solution by up to about $\kappa_2(A)\,\epsilon$, and for a
+# $C \times C$ matrix $\kappa_2 \le C \kappa_\infty$. Without normalised keys
 # nothing of this holds: once $\beta_i \|k_i\|^2 > 2$ a transition amplifies the state along its key,
-# and $T$ can grow geometrically along the chunk. (DeltaNet uses $\beta \in (0, 1)$; Grazzi et al.,
+# and $\mathcal{T}$ can grow geometrically along the chunk. (DeltaNet uses $\beta \in (0, 1)$; Grazzi et al.,
 # 2025, *Unlocking State-Tracking in Linear RNNs Through Negative Eigenvalues*, extend it to
 # $(0, 2)$, which the bound still covers.)
 #
@@ -527,7 +530,7 @@ print(f"(I + tril(...))⁻¹ diag(β): max |I - Kᵀ T K - F_C ⋯ F_1| = "
 # as DeltaNet's keys are), **correlated** (unit keys that share one direction, any two with
 # cosine about 0.9: nearly parallel keys are the hard case for a Gram matrix) and **raw**
 # (standard Gaussian entries, not normalised, so $\|k\|^2 \approx D_k$). First the bound, as the
-# largest ratio $|T_{ij}| / (\beta_i \beta_j)$ below the diagonal over 16 random chunks of 128 tokens
+# largest ratio $|\mathcal{T}_{ij}| / (\beta_i \beta_j)$ below the diagonal over 16 random chunks of 128 tokens
 # with $D_k = 64$ and $\beta$ uniform up to the value shown:
 
 # %%
@@ -542,13 +545,13 @@ for kind in ("unit", "correlated", "raw"):
         print(f"{kind:>11s} {beta_max:8.1f} {ratio.max():24.3g} {T_.abs().max():10.3g}")
 
 # %% [markdown]
-# The bound holds for unit and correlated keys at both ranges of $\beta$; for raw keys $T$ is
+# The bound holds for unit and correlated keys at both ranges of $\beta$; for raw keys $\mathcal{T}$ is
 # astronomically large. Now the sweep. For each kind of key, chunk size $C$ from 16 to 256 and a
 # constant write strength $\beta$ from 0.1 to 2, over 16 random chunks with $D_k = 128$ (the head
 # size of Kimi Linear's KDA layers): the condition number $\kappa_2(A)$, the largest
-# entry of $T$, and the relative error $\max|T_{32} - T| / \max|T|$ of $T$ computed in float32
-# from keys stored in float32, against $T$ in float64 from the exact keys
-# (`conditioning.ut_precision`). A few seconds at full size (the cell prints its time).
+# entry of $\mathcal{T}$, and the relative error $\max|\mathcal{T}_{32} - \mathcal{T}| / \max|\mathcal{T}|$ of $\mathcal{T}$ computed in float32
+# from keys stored in float32, against $\mathcal{T}$ in float64 from the exact keys
+# (`conditioning.ut_precision`). The cell prints its time.
 
 # %%
 t0 = time.perf_counter()
@@ -566,7 +569,7 @@ for kind in KINDS:
                 error=r.error.nan_to_num(nan=math.inf).median().item())
 print(f"{len(sweep)} points in {time.perf_counter() - t0:.1f} s")
 
-# %% mystnb={"figure": {"caption": "Median condition number $\\kappa_2(A)$ of the UT system over random chunks with $D_k = 128$, against the chunk size $C$ and the write strength $\\beta$, one panel per kind of key: small for unit keys, growing polynomially with $C$ and $\\beta$ for correlated keys, and astronomically large for raw keys ($10^{17}$ to $10^{19}$) except in the smallest chunks at small $\\beta$.", "name": "fig-wy-sweep-condition"}, "image": {"alt": "Three heat maps stacked vertically, for unit, correlated and raw keys, each with chunk size from 16 to 256 on the vertical axis and beta from 0.1 to 2 on the horizontal axis; every cell is coloured by the logarithm of the condition number and labelled with its value: single digits to tens for unit keys, up to a few thousand for correlated keys, and from about 1e17 to 1e19 over most of the raw-key panel, smaller, down to about 1000, only in its lower left corner of small chunks and small beta."}}
+# %% mystnb={"figure": {"caption": "Median condition number $\\kappa_2(A)$ of the UT system over random chunks with $D_k = 128$, against the chunk size $C$ and the write strength $\\beta$, one panel per kind of key, each with its own colour scale: small for unit keys, growing polynomially with $C$ and $\\beta$ for correlated keys, and astronomically large for raw keys ($10^{17}$ to $10^{19}$) except in the smallest chunks at small $\\beta$.", "name": "fig-wy-sweep-condition"}, "image": {"alt": "Three heat maps stacked vertically, for unit, correlated and raw keys, each with chunk size from 16 to 256 on the vertical axis, beta from 0.1 to 2 on the horizontal axis and its own colour bar; every cell is coloured by the logarithm of the condition number and labelled with its value: single digits to tens for unit keys, up to a few thousand for correlated keys, and from about 1e17 to 1e19 over most of the raw-key panel, smaller, down to about 1000, only in its lower left corner of small chunks and small beta."}}
 def label_of(x):
     if not np.isfinite(x):
         return "inf"
@@ -575,14 +578,18 @@ def label_of(x):
     return f"{x:.0f}" if x >= 100 else f"{x:.2g}"
 
 
-def plot_sweep(metric, title, lo, hi):
-    """A heat map per kind of key: log10 of `metric` over C and β, values written in."""
-    fig, axes = plt.subplots(len(KINDS), 1, figsize=(6.6, 7.2), sharex=True,
+def plot_sweep(metric, title):
+    """A heat map per kind of key: log10 of `metric` over C and β, values written in;
+    each panel has its own colour scale and colourbar (inf drawn at the panel's top)."""
+    fig, axes = plt.subplots(len(KINDS), 1, figsize=(6.6, 7.6), sharex=True,
                              layout="constrained")
     for ax, kind in zip(axes, KINDS):
         grid = np.array([[sweep[kind, C_, b][metric] for b in BETAS]
                          for C_ in CHUNK_SIZES])
-        shown = np.log10(np.clip(np.nan_to_num(grid, posinf=1e300), 1e-12, 1e300))
+        finite = np.log10(np.clip(grid[np.isfinite(grid)], 1e-12, None))
+        lo, hi = finite.min(), finite.max()
+        hi = max(hi, lo + 1)  # at least one decade of colour
+        shown = np.log10(np.clip(np.nan_to_num(grid, posinf=10**hi), 1e-12, None))
         im = ax.imshow(shown, origin="lower", aspect="auto", cmap="viridis",
                        vmin=lo, vmax=hi)
         for i in range(len(CHUNK_SIZES)):
@@ -594,15 +601,15 @@ def plot_sweep(metric, title, lo, hi):
         ax.set_yticks(range(len(CHUNK_SIZES)), [str(c) for c in CHUNK_SIZES])
         ax.set(ylabel="chunk size C", title=f"{kind} keys: {title}")
         ax.grid(False)
+        fig.colorbar(im, ax=ax, label="log10", pad=0.02)
     axes[-1].set_xlabel("β")
-    fig.colorbar(im, ax=axes, label=f"log10 {title}", aspect=40, pad=0.02)
     plt.show()
 
 
-plot_sweep("cond", "κ₂(A)", 0, 19)
+plot_sweep("cond", "κ₂(A)")
 
-# %% mystnb={"figure": {"caption": "Median relative error of $T$ computed in float32 from keys stored in float32, against $T$ in float64, over the same sweep: from $10^{-8}$ to $10^{-6}$ for unit keys (about $10^{-7}$ at $\\beta = 1$), up to about $10^{-5}$ for correlated keys, and overflow (inf) for raw keys once $C \\beta$ is moderate.", "name": "fig-wy-sweep-float32-error"}, "image": {"alt": "Three heat maps stacked vertically, for unit, correlated and raw keys, each with chunk size on the vertical axis and beta on the horizontal axis; every cell is coloured by the logarithm of the float32 error of T and labelled with its value: between 1e-8 and 1e-6 for unit keys, up to about 1e-5 for correlated keys, and for raw keys about 1e-6 in the smallest chunks but inf over most of the upper right."}}
-plot_sweep("error", "float32 error of T", -8, 0)
+# %% mystnb={"figure": {"caption": "Median relative error of $\\mathcal{T}$ computed in float32 from keys stored in float32, against $\\mathcal{T}$ in float64, over the same sweep: from $10^{-8}$ to $10^{-6}$ for unit keys (about $10^{-7}$ at $\\beta = 1$), up to about $10^{-5}$ for correlated keys, and overflow (inf) for raw keys once $C \\beta$ is moderate.", "name": "fig-wy-sweep-float32-error"}, "image": {"alt": "Three heat maps stacked vertically, for unit, correlated and raw keys, each with chunk size on the vertical axis, beta on the horizontal axis and its own colour bar; every cell is coloured by the logarithm of the float32 error of the UT matrix and labelled with its value: between 1e-8 and 1e-6 for unit keys, up to about 1e-5 for correlated keys, and for raw keys about 1e-6 in the smallest chunks but inf over most of the upper right."}}
+plot_sweep("error", "float32 error of the UT matrix")
 
 # %% [markdown]
 # The numbers at the chunk size kernels use, $C = 64$, with $\beta = 1$, and at the largest chunk of
@@ -629,26 +636,25 @@ for kind in KINDS:
     print(f"{kind:>10s} keys, C ≤ {C_big}:  " + ";  ".join(parts))
 
 # %% [markdown]
-# What the sweep shows, in the run shown here:
+# What the sweep shows:
 #
-# - **Unit keys make the solve easy.** For $\beta \le 1$, $\kappa_2(A)$ stays below 10 and $T$ comes out
+# - **Unit keys make the solve easy.** For $\beta \le 1$, $\kappa_2(A)$ stays below 10 and $\mathcal{T}$ comes out
 #   of float32 with a relative error of a few times $10^{-7}$ at most, at every chunk size up to
 #   256; even at $\beta = 2$ the condition number stays below 50 and the error is about
-#   $10^{-6}$ at most. The
-#   largest entry of $T$ is $\beta$ itself, on the diagonal, as the bound says. The bound
+#   $10^{-6}$ at most. The largest entry of $\mathcal{T}$ is $\beta$ itself, on the diagonal, as the bound says. The bound
 #   $\kappa_\infty \le C^2$ is far from reached: the measured $\kappa_2$ grows slowly with $C$ and $\beta$.
 # - **Correlated keys are harder, but only polynomially.** Nearly parallel keys make the Gram
 #   matrix nearly singular; $\kappa_2(A)$ grows with $C$ and $\beta$, to a few hundred at $\beta = 1$ and a
 #   few thousand at $\beta = 2$, and the float32 error grows with it, to about $10^{-6}$ and
-#   $10^{-5}$. The bound keeps $T$ itself small.
+#   $10^{-5}$. The bound keeps $\mathcal{T}$ itself small.
 # - **Raw keys break it.** With $\|k\|^2 \approx 128$ every transition amplifies the state along its
-#   key, $T$ grows geometrically with $C$, and from moderate $C\beta$ on it overflows float32
+#   key, $\mathcal{T}$ grows geometrically with $C$, and from moderate $C\beta$ on it overflows float32
 #   ("inf" in the raw-key panel of the second figure) while $\kappa_2(A)$ saturates at $10^{18}$ to $10^{19}$, where float64 itself
 #   can no longer resolve it. The chunked form cannot rescue such keys: the recurrence itself is
 #   unstable for them (chapter 5's norm experiment).
 #
 # **bfloat16 keys.** Kernels read the keys in bfloat16 and do the solve in float32. The rounding
-# of the keys then sets the accuracy of $T$, not the solve; at $C = 64$, $\beta = 1$:
+# of the keys then sets the accuracy of $\mathcal{T}$, not the solve; at $C = 64$, $\beta = 1$:
 
 # %%
 g = torch.Generator().manual_seed(9)
@@ -667,7 +673,7 @@ for kind in ("unit", "correlated"):
     print(f"{kind:>10s} keys, float32 solve ({'; '.join(line)})")
 
 # %% [markdown]
-# The three ways of inverting agree to the same accuracy, and keys stored in bfloat16 move $T$
+# The three ways of inverting agree to the same accuracy, and keys stored in bfloat16 move $\mathcal{T}$
 # by about $10^{-3}$, three to four orders of magnitude more than the float32 arithmetic does.
 #
 # **So why do kernels use $C = 64$, and 16-row sub-blocks?** Not because the solve becomes
@@ -681,120 +687,132 @@ for kind in ("unit", "correlated"):
 # NVIDIA GPUs (Triton 3.7). Chapter 11 meets a numerical reason for 16-token sub-chunks: Kimi Delta Attention's
 # gates put $\exp$ of cumulative decays into $A$, and over 64 tokens those overflow float32.
 #
-# **And why normalised keys and $\beta \le 1$ (or 2) matter:** they are exactly the hypotheses of the
-# bound. With them (and $\beta \le 1$), every chunk's $T$ has entries at most 1, and the float32 solve
-# was accurate to about $10^{-6}$ or better at every chunk size measured, even for nearly
-# parallel keys; without them, $T$ can overflow within one chunk.
+# **Normalised keys and $\beta \le 1$ (or 2)** are exactly the hypotheses of the bound: with them
+# every entry of $\mathcal{T}$ is at most 1 (for $\beta \le 1$) and the float32 solve was accurate at
+# every chunk size measured; without them $\mathcal{T}$ can overflow within one chunk.
 
 # %% [markdown]
-# ## Experiment: the product of transitions against the WY form
+# ## Experiment: the WY form against the direct ways of forming $P$
 #
-# Now the cost promised at the start. One chunk of $C = 64$ tokens, head size $D = D_k = D_v$ from
-# 16 to 256, for a batch of 8 chunks; three ways:
+# One chunk of $C = 64$ tokens, head size $D = D_k = D_v$ from 16 to 256, for a batch of 8
+# chunks; four ways, with their flop counts:
 #
-# 1. **The explicit product** $F_C \cdots F_1$: $C$ products of $D \times D$ matrices
-#    (`wy.transition_product`), about $2 C D^3$ operations.
-# 2. **The same $P$ by the WY form**: $A$ from $K K^\top$ ($2C^2D$), the triangular solve ($C^3/3$),
-#    $W = T K$ ($C^2 D$, $T$ is triangular), then $I - K^\top W$ ($2 C D^2$).
-# 3. **The WY factors alone**, $T$, $W$ and $U$ ($2C^2D + C^3/3 + 2C^2D$): what chunkwise DeltaNet
-#    actually needs, since it applies $P$ as $S_0 - K^\top (W S_0)$ and never forms it.
+# 1. **Dense products** $F_C \cdots F_1$: $C$ products of $D \times D$ matrices
+#    (`wy.transition_product`), $2 C D^3$.
+# 2. **Rank-one updates** $P \leftarrow P - \beta_t k_t^\top (k_t P)$, one per token: $4 D^2$ per
+#    token, $4 C D^2$ per chunk, in $C$ dependent steps. This is the honest baseline.
+# 3. **The WY form of $P$**: $A$ from $K K^\top$ ($2C^2D$), the triangular solve ($C^3/3$),
+#    $W = \mathcal{T} K$ ($C^2 D$, $\mathcal{T}$ is triangular), then $I - K^\top W$ ($2 C D^2$).
+# 4. **The WY factors alone**, $\mathcal{T}$, $W$ and $U$ ($2C^2D + C^3/3 + 2C^2D$): what
+#    chunkwise DeltaNet needs, since it applies $P$ as $S_0 - K^\top (W S_0)$ and never forms it.
 #
-# Each is timed as the fastest of 7 runs after a warm-up (the run least disturbed by other work
-# on the machine). A few seconds at full size, most of it in the explicit product at
-# $D = 256$.
+# Each time is the median of several runs after a warm-up (`tinyk3.timing`), with the quartiles.
 
 # %%
-def best_time(fn, repeats=TIMING_REPEATS):
-    """The fastest of `repeats` runs after a warm-up:
-    the least disturbed by other work on the machine."""
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def flops(method, C, D):
-    if method == "explicit product":
-        return 2 * C * D**3
-    if method == "WY form of P":
-        return 2 * C**2 * D + C**3 / 3 + C**2 * D + 2 * C * D**2
-    return 2 * C**2 * D + C**3 / 3 + 2 * C**2 * D  # T, W and U
+def rank_one_P(k, beta):
+    """P = F_C ⋯ F_1 by C rank-one updates P ← P − β_t k_tᵀ (k_t P): 4D² per token."""
+    D = k.shape[-1]
+    P = torch.eye(D, dtype=k.dtype).expand(*k.shape[:-2], D, D)
+    for t in range(k.shape[-2]):
+        k_t = k[..., t : t + 1, :]  # [..., 1, D]
+        P = P - (beta[..., t, None, None] * k_t.mT) @ (k_t @ P)  # k_t P: [..., 1, D]
+    return P
 
 
 def wy_P(k, beta):
-    W_ = wy.ut_transform(k, beta) @ k  # T K
+    W_ = wy.ut_transform(k, beta) @ k  # W = 𝒯 K
     return torch.eye(k.shape[-1]) - k.mT @ W_  # I − Kᵀ W
 
 
+def flops(method, C, D):
+    if method == "dense products":
+        return 2 * C * D**3
+    if method == "rank-one updates":
+        return 4 * C * D**2
+    if method == "WY form of P":
+        return 2 * C**2 * D + C**3 / 3 + C**2 * D + 2 * C * D**2
+    return 2 * C**2 * D + C**3 / 3 + 2 * C**2 * D  # 𝒯, W and U
+
+
 N_TIMED, C_TIMED = 8, 64
-METHODS = ("explicit product", "WY form of P", "WY factors T, W, U")
+METHODS = ("dense products", "rank-one updates", "WY form of P", "WY factors 𝒯, W, U")
 timings = {m: [] for m in METHODS}
+print(bench.stamp())
+print("ms for the batch: median (first-third quartile)")
 for D in TIMING_DIMS:
     k_, v_, beta_ = unit_chunk((N_TIMED,), C_TIMED, D, D, seed=D, dtype=torch.float32)
-    dist = max_diff(wy.transition_product(k_, beta_), wy_P(k_, beta_))
-    forms = {"explicit product": partial(wy.transition_product, k_, beta_),
+    P_ref = wy.transition_product(k_, beta_)
+    dist = max(max_diff(P_ref, wy_P(k_, beta_)), max_diff(P_ref, rank_one_P(k_, beta_)))
+    forms = {"dense products": partial(wy.transition_product, k_, beta_),
+             "rank-one updates": partial(rank_one_P, k_, beta_),
              "WY form of P": partial(wy_P, k_, beta_),
-             "WY factors T, W, U": partial(wy.wy_factors, k_, v_, beta_)}
+             "WY factors 𝒯, W, U": partial(wy.wy_factors, k_, v_, beta_)}
     for m, fn in forms.items():
-        timings[m].append(best_time(fn))
-    ms = [timings[m][-1] * 1e3 for m in METHODS]
-    print(f"D = {D:3d}: explicit {ms[0]:8.2f} ms, WY form of P {ms[1]:6.2f} ms, "
-          f"WY factors {ms[2]:6.2f} ms"
-          f"   (max |explicit P - WY P| = {dist:.1e}, float32)")
+        timings[m].append(time_fn(fn, repeats=TIMING_REPEATS, max_seconds=2.0))
+    r1, wyp = timings["rank-one updates"][-1], timings["WY form of P"][-1]
+    verdict = (f"{r1 / wyp:.1f}x the WY form of P" if distinguishable(r1, wyp)
+               else "within the spread of the WY form of P")
+    print(f"D = {D} (max |P by each way - dense P| = {dist:.1e}, float32):")
+    for m in METHODS:
+        t = timings[m][-1]
+        print(f"  {m:>19s} {t * 1e3:8.2f} ({t.low * 1e3:.2f}-{t.high * 1e3:.2f})")
+    print(f"  rank-one updates: {verdict}")
 
-# %% mystnb={"figure": {"caption": "Top: time of the explicit product of transitions, of the WY form of $P$ and of the WY factors alone, for a batch of chunks of $C = 64$ tokens, against the head size $D$. Bottom: the explicit product's time over the WY form's, measured and as the operation counts predict; the saving, about 4 to 5 times at $D = 16$ and 32, grows to about 170 times at $D = 256$.", "name": "fig-wy-explicit-vs-wy-time"}, "image": {"alt": "Two stacked log-log line plots against head size D from 16 to 256. Top: milliseconds per batch of chunks; the explicit product rises steeply from about 1 to a few hundred, while the WY form of P and the WY factors stay between a fraction of a millisecond and about 1.5 milliseconds. Bottom: the measured ratio of the explicit product's time to the WY form's, about 5 at D = 16 and 32 and rising to about 170 at D = 256, next to a dashed operation-count ratio that starts lower, near 2, lies above the measured ratio from D = 32 on and nearly meets it at D = 256."}}
-fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
-for m, marker in zip(METHODS, "osD"):
-    ax1.plot(TIMING_DIMS, [t * 1e3 for t in timings[m]], marker + "-", label=m)
+# %% mystnb={"figure": {"caption": "Top: median time (bars: first to third quartile) of the dense product of transitions, of the rank-one updates, of the WY form of $P$ and of the WY factors alone, for a batch of chunks of $C = 64$ tokens, against the head size $D$. Bottom: the dense products' and the rank-one updates' time over the WY form's, measured (solid) and as the flop counts predict (dashed).", "name": "fig-wy-explicit-vs-wy-time"}, "image": {"alt": "Two stacked log-log line plots against head size D from 16 to 256. Top: milliseconds per batch of chunks for four ways, each point with a bar from the first to the third quartile; the dense products rise steeply with D, to a few hundred milliseconds at 256, the rank-one updates more slowly, and both WY lines stay lowest, near a millisecond. Bottom: the dense products' time and the rank-one updates' time divided by the WY form's, solid, with dashed lines for the ratios of their flop counts; the dense products' ratio grows with D close to its flop-count line, while the rank-one updates' ratio stays several times or more above one although its flop-count line stays near one, marked by a horizontal line."}}
+fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.6), sharex=True)
+for m, marker in zip(METHODS, "osD^"):
+    med = np.array([float(t) for t in timings[m]]) * 1e3
+    err = np.array([[float(t) - t.low, t.high - float(t)] for t in timings[m]]).T * 1e3
+    label = m.replace("𝒯", r"$\mathcal{T}$")  # mathtext: the font lacks the glyph
+    ax1.errorbar(TIMING_DIMS, med, yerr=err, fmt=marker + "-", capsize=2, label=label)
 ax1.set(xscale="log", yscale="log", ylabel=f"ms for {N_TIMED} chunks of C = {C_TIMED}",
-        title="Time per batch of chunks")
-ax1.legend(loc="upper left")
-measured = [a / b for a, b in zip(timings["explicit product"], timings["WY form of P"])]
-model = [flops("explicit product", C_TIMED, D) / flops("WY form of P", C_TIMED, D)
-         for D in TIMING_DIMS]
-ax2.plot(TIMING_DIMS, measured, "o-", label="measured time ratio")
-ax2.plot(TIMING_DIMS, model, "k--", label="operation-count ratio")
+        title="Time per batch of chunks (median, quartiles)")
+ax1.legend(loc="upper left", fontsize=8)
+ratios = {}
+for m, color in (("dense products", "C0"), ("rank-one updates", "C1")):
+    ratios[m] = [a / b for a, b in zip(timings[m], timings["WY form of P"])]
+    model = [flops(m, C_TIMED, D) / flops("WY form of P", C_TIMED, D)
+             for D in TIMING_DIMS]
+    ax2.plot(TIMING_DIMS, ratios[m], "o-", color=color, label=f"{m}, measured")
+    ax2.plot(TIMING_DIMS, model, "--", color=color, label=f"{m}, flop count")
+ax2.axhline(1.0, color="k", lw=0.8)
 ax2.set(xscale="log", yscale="log", xlabel="head size D",
-        ylabel="explicit product / WY form of P", title="How much the WY form saves")
-ax2.legend(loc="upper left")
+        ylabel="time / WY form of P", title="Against the WY form of P")
+ax2.legend(loc="upper left", fontsize=8)
 for ax in (ax1, ax2):
     ax.set_xticks(TIMING_DIMS, [str(d) for d in TIMING_DIMS])
     ax.minorticks_off()
 plt.tight_layout()
 plt.show()
 
-print(f"{'D':>4s} {'time ratio':>11s} {'operation ratio':>16s} "
-      f"{'explicit product, GFLOP/s':>27s} "
-      f"{'explicit product, time x per doubling of D':>44s}")
-explicit = timings["explicit product"]
-for i, (D, r, mdl, t) in enumerate(zip(TIMING_DIMS, measured, model, explicit)):
-    growth = f"{t / explicit[i - 1]:.1f}" if i else "-"
-    rate = N_TIMED * flops("explicit product", C_TIMED, D) / t / 1e9  # GFLOP/s
-    print(f"{D:4d} {r:11.1f} {mdl:16.1f} {rate:27.1f} {growth:>44s}")
+print(f"{'D':>4s} {'dense / WY P':>13s} {'rank-one / WY P':>16s} "
+      f"{'rank-one flops / WY P flops':>28s} {'rank-one GFLOP/s':>17s}")
+for i, D in enumerate(TIMING_DIMS):
+    r1 = timings["rank-one updates"][i]
+    rate = N_TIMED * flops("rank-one updates", C_TIMED, D) / r1 / 1e9
+    count = flops("rank-one updates", C_TIMED, D) / flops("WY form of P", C_TIMED, D)
+    print(f"{D:4d} {ratios['dense products'][i]:13.1f} "
+          f"{ratios['rank-one updates'][i]:16.1f} {count:28.2f} {rate:17.2f}")
 
 # %% [markdown]
-# In the run shown here:
+# What the table and the figure show:
 #
-# - **The explicit product grows steeply with $D$.** Each doubling of $D$ multiplies its operation
-#   count by 8, and at the top of the range its time grows by several times per doubling (last
-#   column; the factor is noisy, because small products do not run at the machine's full speed,
-#   see the GFLOP/s column, and other work on the machine disturbs the timings). At small $D$ its
-#   time is fixed costs: 64 matrix products, one call each, whatever their size.
-# - **The WY form of $P$ was about five times faster at the two smallest $D$ and two orders of
-#   magnitude (about 170 times) faster at $D = 256$** (the time-ratio column). From $D = 64$ on, the
-#   measured ratio rises with the operation-count ratio $2CD^3 / (3C^2D + C^3/3 + 2CD^2)$, which is
-#   roughly linear in $D$ once $D > C$: it stays below it, by about a factor of two at $D = 64$ and
-#   128, and comes close to it at $D = 256$.
-# - **The factors alone cost less still as $D$ grows**, because chunkwise DeltaNet never forms $P$: it needs
-#   $O(C^2 D)$ per chunk for $T$, $W$ and $U$, and the state enters only through $W S_0$ and
+# - **The dense products are the strawman.** Their count grows as $D^3$, and their time with it
+#   once $D$ is large; at small $D$ the 64 calls' fixed costs dominate.
+# - **The rank-one updates do no more arithmetic than the WY form** (the flop-count column:
+#   $4CD^2$ against $2CD^2 + 3C^2D + C^3/3$, less for $D < C$, comparable beyond), yet take several
+#   times longer (the measured column): $C$ dependent vector-times-matrix steps run at a small fraction of the matrix-product
+#   rate (last column) and pay a call each, where the WY form is a few chunk-wide products.
+# - **The factors alone cost less still as $D$ grows**: chunkwise DeltaNet needs only
+#   $\mathcal{T}$, $W$ and $U$, $O(C^2 D)$ per chunk, and the state enters through $W S_0$ and
 #   $K^\top(\cdot)$ in the sequential pass, chapter 8's subject.
 #
-# On a GPU the structure matters as much as the count: everything in the WY form is a matrix
-# product over a whole chunk, computed for all chunks at once, while the explicit product is a
-# chain of $C$ dependent steps per chunk.
+# So the WY form's gain is not a smaller flop count than the rank-one chain. It is the shape of
+# the work: (1) no $D_k \times D_k$ matrix per chunk, only $W$ and $U$, $C \times D$ each; (2) the
+# work inside a chunk is a few products of $C \times C$ and $C \times D$ matrices, the shapes that
+# tensor cores run, instead of $C$ dependent rank-one steps; (3) every chunk's factors depend on
+# that chunk alone, so all chunks are computed at once, and only the cheap pass that carries the
+# state through them is sequential.
 
 # %% [markdown]
 # ## Exercises
@@ -886,8 +904,8 @@ ok = checks.run("wy.merge_block_inverse", merge_block_inverse_solution)
 # :label: ex-wy-factors
 #
 # Write `wy_factors(k, v, beta)`: for a chunk with keys `k` (`[..., C, Dk]`), values `v`
-# (`[..., C, Dv]`) and write strengths `beta` (`[..., C]`), return `(W, U)` with $W = T K$, $U = T V$
-# and $T = \big(I + \operatorname{tril}(\operatorname{diag}(\beta) K K^\top, -1)\big)^{-1}
+# (`[..., C, Dv]`) and write strengths `beta` (`[..., C]`), return `(W, U)` with $W = \mathcal{T} K$, $U = \mathcal{T} V$
+# and $\mathcal{T} = \big(I + \operatorname{tril}(\operatorname{diag}(\beta) K K^\top, -1)\big)^{-1}
 # \operatorname{diag}(\beta)$, using matrix operations (no loop over tokens). Use `k` as given:
 # some cases have keys that are not of unit length.
 # ```
@@ -928,27 +946,28 @@ ok = checks.run("wy.wy_factors", wy_factors_solution)
 # ## Summary
 #
 # - A chunk of $C$ delta-rule steps is an affine map of the state,
-#   $S_C = P S_0 + H$ with $P = F_C \cdots F_1$, $F_t = I - \beta_t k_t^\top k_t$ (later tokens on the
-#   left in our layout). Its writes cannot be summed independently, and $P$ is a dense
-#   $D_k \times D_k$ product costing about $2 C D_k^3$ per chunk.
+#   $S_{[1]} = P S_0 + H$ with $P = F_C \cdots F_1$, $F_t = I - \beta_t k_t^\top k_t$ (later tokens on the
+#   left in our layout). Its writes cannot be summed independently; $P$ is a dense
+#   $D_k \times D_k$ matrix, $4 C D_k^2$ flops per chunk by rank-one updates in $C$ dependent steps.
 # - **WY representation:** $P = I - K^\top W$, proved by induction, with rows
 #   $w_r = \beta_r (k_r - \sum_{i<r} (k_r \cdot k_i) w_i)$; the writes are $H = K^\top U$ with the same
-#   recursion on $V$; so $S_C = S_0 + K^\top(U - W S_0)$, and $U - W S_0$ are the tokens' corrections.
-# - **UT transform:** $T = (I + \operatorname{tril}(\operatorname{diag}(\beta) K K^\top, -1))^{-1}
+#   recursion on $V$; so $S_{[1]} = S_0 + K^\top(U - W S_0)$, and $U - W S_0$ are the tokens' corrections.
+# - **UT transform:** $\mathcal{T} = (I + \operatorname{tril}(\operatorname{diag}(\beta) K K^\top, -1))^{-1}
 #   \operatorname{diag}(\beta)$, $W = T K$, $U = T V$. The recursion is forward substitution of
 #   this unit lower-triangular system; kernels invert $16 \times 16$ diagonal blocks and merge them
 #   with $[[A_{11}, 0], [A_{21}, A_{22}]]^{-1} = [[A_{11}^{-1}, 0], [-A_{22}^{-1} A_{21} A_{11}^{-1}, A_{22}^{-1}]]$.
 # - The papers' transposed layout ($P^{\text{p}} = I - W^\top K$), the kernels' staged form
 #   ($(I + \tilde A)^{-1}$ applied to $\beta \odot K$) and the negated in-place form all give the same
-#   $T$; the minus sign $(I - \ldots)^{-1}$ seen in print does not.
-# - For unit keys and $\beta \le 2$, $|T_{ij}| \le \beta_i \beta_j$ whatever the key directions; with
+#   $\mathcal{T}$; the minus sign $(I - \ldots)^{-1}$ seen in print does not.
+# - For unit keys and $\beta \le 2$, $|\mathcal{T}_{ij}| \le \beta_i \beta_j$ whatever the key directions; with
 #   $\beta \le 1$ the entries of $A$ and $A^{-1}$ are at most 1, and the float32 solve was accurate to a
-#   few times $10^{-7}$ up to $C = 256$ (nearly parallel keys: about $10^{-6}$); raw keys overflow. Bfloat16 keys, not the solve, limit the accuracy of $T$ in a
+#   few times $10^{-7}$ up to $C = 256$ (nearly parallel keys: about $10^{-6}$); raw keys overflow. Bfloat16 keys, not the solve, limit the accuracy of $\mathcal{T}$ in a
 #   kernel. Chunk size 64 is a choice of cost and hardware, not of conditioning.
-# - Forming $P$ by the WY form instead of $C$ dense products was about 4 to 170 times
-#   faster here, more as $D$ grows; chunkwise DeltaNet does not even form $P$.
+# - The WY form does about the arithmetic of the rank-one chain, and was faster than it (the
+#   timing table); what it buys is no $D_k \times D_k$ matrix per chunk, chunk-wide matrix products
+#   that tensor cores run, and chunks computed independently. Chunkwise DeltaNet never forms $P$.
 #
-# **Next.** Chapter 8 puts the pieces together: compute $T$, $W$ and $U$ for every chunk at once,
+# **Next.** Chapter 8 puts the pieces together: compute $\mathcal{T}$, $W$ and $U$ for every chunk at once,
 # then one pass over the chunks with $U' = U - W S$, $O = Q S + (Q K^\top \odot M)\, U'$ and
 # $S \leftarrow S + K^\top U'$, and checks it against the token loop.
 

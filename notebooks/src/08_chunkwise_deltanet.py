@@ -19,15 +19,16 @@
 # steps of tiny products, and the parallel form, one triangular system over the whole sequence,
 # with $T \times T$ matrices. Chapter 6 resolved the same dilemma for linear attention by cutting
 # the sequence into chunks, and chapter 7 found the closed form of a chunk of delta-rule steps:
-# $S_C = S_0 + K^\top (U - W S_0)$, with $W = T K$ and $U = T V$ from the UT transform $T$. This
+# $S_{[1]} = S_0 + K^\top (U - W S_0)$, with $W = \mathcal{T} K$ and $U = \mathcal{T} V$ from the UT
+# matrix $\mathcal{T}$. This
 # chapter puts the two together into the algorithm of Yang et al. (2024, *Parallelizing Linear
 # Transformers with the Delta Rule over Sequence Length*), the one DeltaNet, Gated DeltaNet and
-# Kimi's KDA are trained with: per chunk, the true deltas $U'_c = U_c - W_c S_c$, the outputs
-# $O_c = Q_c S_c + (Q_c K_c^\top \odot M)\, U'_c$ and the next state $S_{c+1} = S_c + K_c^\top U'_c$.
+# Kimi's KDA are trained with: per chunk, the true deltas $U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}$, the outputs
+# $O_{[c]} = Q_{[c]} S_{[c]} + (Q_{[c]} K_{[c]}^\top \odot M)\, U'_{[c]}$ and the next state $S_{[c+1]} = S_{[c]} + K_{[c]}^\top U'_{[c]}$.
 # Everything but a short pass over the chunks runs in parallel.
 #
 # **In this chapter** you derive the chunk algorithm from chapter 7's closed form and see why it
-# is exact (each row of $U'_c$ is a delta the token loop writes, checked against its recorded
+# is exact (each row of $U'_{[c]}$ is a delta the token loop writes, checked against its recorded
 # deltas); build one chunk step in front of you; see that $C = 1$ is the recurrence and $C = T$
 # the parallel form; read the lib's version, which computes every chunk at once except a
 # sequential state pass of two matrix products per chunk; check it against the token loop in
@@ -35,7 +36,7 @@
 # count its flops; and time it against $T$ and $C$, against the token loop, and as a fraction of
 # the machine's matrix-product rate.
 #
-# **Cost.** Under a minute on one CPU core at full size, most of it in the timing experiment
+# **Cost.** Under a minute on one CPU core, most of it in the timing experiment
 # (the last cell prints the time); `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
@@ -82,6 +83,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tinyk3 import bench, checks, cost
 from tinyk3.ops import delta_rule, wy
+from tinyk3.timing import distinguishable, time_fn
+from tinyk3.util import max_diff
 
 T_LONG = 1024 if SMOKE else 8192  # sequence length of the float32 accuracy check
 T_TIME = 512 if SMOKE else 4096  # sequence length of the timing experiment against C
@@ -89,11 +92,17 @@ TIME_TS = [128, 256, 512] if SMOKE else [256, 512, 1024, 2048, 4096]  # lengths 
 PARALLEL_MAX_T = 512 if SMOKE else 2048  # delta_rule.parallel is timed up to this T
 H_TIME, D_TIME = (2, 16) if SMOKE else (4, 64)  # heads and head size of the timings
 TIME_CS = [4, 16, 64] if SMOKE else [8, 16, 32, 64, 128, 256]  # chunk sizes C timed
-REPEATS = 2 if SMOKE else 5  # timings per point (the median counts)
+REPEATS = 3 if SMOKE else 7  # timed runs per point: median of k runs (tinyk3.timing)
 
 
-def max_diff(a, b):
-    return (a - b).abs().max().item()
+def timed(fn):
+    """time_fn with this chapter's settings (median of REPEATS runs, 3 s at most)."""
+    return time_fn(fn, repeats=REPEATS, warmup=1, max_seconds=3.0)
+
+
+def quartiles(t):
+    """'median (first-third quartile)' of a Timing, in ms."""
+    return f"{t * 1e3:6.1f} ({t.low * 1e3:5.1f}-{t.high * 1e3:5.1f})"
 
 
 def unit_inputs(B, H, T, Dk, Dv, seed, dtype=torch.float64):
@@ -110,56 +119,56 @@ def unit_inputs(B, H, T, Dk, Dv, seed, dtype=torch.float64):
 # %% [markdown]
 # ## From one chunk to the whole sequence
 #
-# Number the chunks $c = 0, 1, \dots, N - 1$, $N = \lceil T/C \rceil$, and write $X_c$ for the rows of
-# $X$ that belong to chunk $c$ ($Q_c, K_c \in \mathbb{R}^{C \times D_k}$, $V_c \in \mathbb{R}^{C \times
-# D_v}$; chapter 6 wrote $X_{[c]}$). $S_c$ is the state when chunk $c$ begins: $S_0$ is the initial
-# state, $S_N$ the final one.
+# Number the chunks $c = 0, 1, \dots, N - 1$, $N = \lceil T/C \rceil$, and write $X_{[c]}$ for the
+# rows of $X$ that belong to chunk $c$ ($Q_{[c]}, K_{[c]} \in \mathbb{R}^{C \times D_k}$,
+# $V_{[c]} \in \mathbb{R}^{C \times D_v}$), as chapter 6 did. $S_{[c]}$ is the state when chunk $c$
+# begins: $S_{[0]} = S_0$ is the initial state, $S_{[N]}$ the final one.
 #
 # **The state.** Chapter 7 found, for one chunk that starts from a state $S_0$,
-# $S_C = S_0 + K^\top (U - W S_0)$, and nothing in its derivation used which chunk it was or what
-# $S_0$ held. Applied to chunk $c$, which starts from $S_c$:
+# $S_{[1]} = S_0 + K^\top (U - W S_0)$, and nothing in its derivation used which chunk it was or what
+# $S_0$ held. Applied to chunk $c$, which starts from $S_{[c]}$:
 #
 # $$
-# U'_c = U_c - W_c\, S_c, \qquad S_{c+1} = S_c + K_c^\top\, U'_c ,
+# U'_{[c]} = U_{[c]} - W_{[c]}\, S_{[c]}, \qquad S_{[c+1]} = S_{[c]} + K_{[c]}^\top\, U'_{[c]} ,
 # $$
 #
-# with $W_c = T_c K_c$, $U_c = T_c V_c$ and
-# $T_c = \big(I + \operatorname{tril}(\operatorname{diag}(\beta_c) K_c K_c^\top, -1)\big)^{-1} \operatorname{diag}(\beta_c)$.
+# with $W_{[c]} = \mathcal{T}_{[c]} K_{[c]}$, $U_{[c]} = \mathcal{T}_{[c]} V_{[c]}$ and
+# $\mathcal{T}_{[c]} = \big(I + \operatorname{tril}(\operatorname{diag}(\beta_{[c]}) K_{[c]} K_{[c]}^\top, -1)\big)^{-1} \operatorname{diag}(\beta_{[c]})$.
 #
 # **Why this is exact.** Chapter 7 also showed what the rows of $U - W S_0$ are: row $r$ is the
 # correction $u_r = \beta_r (v_r - k_r S_{r-1})$ that token $r$ writes when the chunk starts from
-# $S_0$. So row $i$ of $U'_c$ is $u_t$ for the $i$-th token $t$ of chunk $c$, exactly the delta the
-# token loop computes, and $S_{c+1} = S_c + \sum_{t \in c} k_t^\top u_t$ is the token loop's state
+# $S_0$. So row $i$ of $U'_{[c]}$ is $u_t$ for the $i$-th token $t$ of chunk $c$, exactly the delta the
+# token loop computes, and $S_{[c+1]} = S_{[c]} + \sum_{t \in c} k_t^\top u_t$ is the token loop's state
 # after the chunk. No approximation enters: the WY form is an identity (proved by induction),
 # and the rest is regrouping sums. In floating point the chunked form and the loop differ only
 # by the order of additions.
 #
 # **The outputs.** Inside chunk $c$ the token loop's state after its $i$-th token $t$ wrote is
-# $S_t = S_c + \sum_{j \le i} k_j^\top u_j$ (the chunk's tokens up to and including $t$), so
+# $S_t = S_{[c]} + \sum_{j \le i} k_j^\top u_j$ (the chunk's tokens up to and including $t$), so
 #
 # $$
-# o_t = q_t S_t = q_t S_c + \sum_{j \le i} (q_t \cdot k_j)\, u_j
+# o_t = q_t S_t = q_t S_{[c]} + \sum_{j \le i} (q_t \cdot k_j)\, u_j
 # \qquad\Longrightarrow\qquad
-# O_c = Q_c\, S_c + \big(Q_c K_c^\top \odot M\big)\, U'_c ,
+# O_{[c]} = Q_{[c]}\, S_{[c]} + \big(Q_{[c]} K_{[c]}^\top \odot M\big)\, U'_{[c]} ,
 # $$
 #
 # with $M$ the $C \times C$ lower-triangular matrix of ones (diagonal included: $o_t$ reads the
-# state after token $t$ wrote). This is chapter 6's chunked linear attention with $V_c$ replaced by
-# $U'_c$: once the deltas are known, the delta rule *is* linear attention on the deltas. All the
+# state after token $t$ wrote). This is chapter 6's chunked linear attention with $V_{[c]}$ replaced by
+# $U'_{[c]}$: once the deltas are known, the delta rule *is* linear attention on the deltas. All the
 # difficulty was in the deltas, and the UT transform gives a whole chunk's of them at once, up to
-# the one term $W_c S_c$ that needs the state.
+# the one term $W_{[c]} S_{[c]}$ that needs the state.
 #
 # **What is parallel and what is sequential.**
 #
 # | quantity | needs | computed |
 # |---|---|---|
-# | $T_c$, $W_c = T_c K_c$, $U_c = T_c V_c$ | the chunk's $K_c, V_c, \beta_c$ | for all chunks at once |
-# | scores $Q_c K_c^\top \odot M$ | the chunk's $Q_c, K_c$ | for all chunks at once |
-# | $U'_c = U_c - W_c S_c$, $S_{c+1} = S_c + K_c^\top U'_c$ | $S_c$, from the chunk before | one chunk after another |
-# | $O_c = Q_c S_c + (Q_c K_c^\top \odot M)\, U'_c$ | $S_c$ and $U'_c$ | for all chunks at once, after the pass |
+# | $\mathcal{T}_{[c]}$, $W_{[c]} = \mathcal{T}_{[c]} K_{[c]}$, $U_{[c]} = \mathcal{T}_{[c]} V_{[c]}$ | the chunk's $K_{[c]}, V_{[c]}, \beta_{[c]}$ | for all chunks at once |
+# | scores $Q_{[c]} K_{[c]}^\top \odot M$ | the chunk's $Q_{[c]}, K_{[c]}$ | for all chunks at once |
+# | $U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}$, $S_{[c+1]} = S_{[c]} + K_{[c]}^\top U'_{[c]}$ | $S_{[c]}$, from the chunk before | one chunk after another |
+# | $O_{[c]} = Q_{[c]} S_{[c]} + (Q_{[c]} K_{[c]}^\top \odot M)\, U'_{[c]}$ | $S_{[c]}$ and $U'_{[c]}$ | for all chunks at once, after the pass |
 #
 # The token loop has $T$ dependent steps; the chunked form has $N = \lceil T / C \rceil$, each two
-# matrix products with the $D_k \times D_v$ state ($W_c S_c$ and $K_c^\top U'_c$).
+# matrix products with the $D_k \times D_v$ state ($W_{[c]} S_{[c]}$ and $K_{[c]}^\top U'_{[c]}$).
 
 # %% [markdown]
 # ## Build it: one chunk step
@@ -170,13 +179,13 @@ def unit_inputs(B, H, T, Dk, Dv, seed, dtype=torch.float64):
 # %%
 def chunk_step(q_c, k_c, v_c, beta_c, S):
     """One chunk. q_c, k_c: [B, H, n, Dk]; v_c: [B, H, n, Dv]; beta_c: [B, H, n];
-    S = S_c: [B, H, Dk, Dv]. Returns (O_c, U'_c, S_{c+1})."""
-    # W_c = T_c K_c, U_c = T_c V_c   [B, H, n, Dk], [B, H, n, Dv]
+    S = S_[c]: [B, H, Dk, Dv]. Returns (O_[c], U'_[c], S_[c+1])."""
+    # W_[c] = 𝒯_[c] K_[c], U_[c] = 𝒯_[c] V_[c]   [B, H, n, Dk], [B, H, n, Dv]
     W, U = wy.wy_factors(k_c, v_c, beta_c)
-    U_new = U - W @ S  # U'_c = U_c − W_c S_c                             [B, H, n, Dv]
-    scores = (q_c @ k_c.mT).tril()  # Q_c K_cᵀ ⊙ M                        [B, H, n, n]
-    o = q_c @ S + scores @ U_new  # O_c = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c   [B, H, n, Dv]
-    S_next = S + k_c.mT @ U_new  # S_{c+1} = S_c + K_cᵀ U'_c              [B, H, Dk, Dv]
+    U_new = U - W @ S  # U'_[c] = U_[c] − W_[c] S_[c]                     [B, H, n, Dv]
+    scores = (q_c @ k_c.mT).tril()  # Ω_[c] = Q_[c] K_[c]ᵀ ⊙ M            [B, H, n, n]
+    o = q_c @ S + scores @ U_new  # O_[c] = Q_[c] S_[c] + Ω_[c] U'_[c]     [B, H, n, Dv]
+    S_next = S + k_c.mT @ U_new  # S_[c+1] = S_[c] + K_[c]ᵀ U'_[c]        [B, H, Dk, Dv]
     return o, U_new, S_next
 
 
@@ -234,8 +243,8 @@ print(f"{T // C} chunks: max |outputs - loop| = {max_diff(o_chunks, o_loop):.1e}
       f"max |S_N - loop| = {max_diff(S, S_loop):.1e}")
 
 # %% [markdown]
-# Every row of every $U'_c$ is the delta the token loop wrote, to float64 round-off. Two small
-# changes show what each part of the step does. Use $U_c$ where $U'_c$ belongs (as if every chunk
+# Every row of every $U'_{[c]}$ is the delta the token loop wrote, to float64 round-off. Two small
+# changes show what each part of the step does. Use $U_{[c]}$ where $U'_{[c]}$ belongs (as if every chunk
 # started from an empty state), or read the state *after* the chunk's update instead of before:
 
 # %%
@@ -247,12 +256,12 @@ for start in range(0, T, C):
     outs_u.append(q[:, :, sl] @ S_u + scores @ U)  # U instead of U' = U − W S
     S_u = S_u + k[:, :, sl].mT @ U
     o_c, _, S_next = chunk_step(*(x[:, :, sl] for x in (q, k, v, beta)), S_late)
-    outs_late.append(o_c + q[:, :, sl] @ (S_next - S_late))  # as if O_c read S_{c+1}
+    outs_late.append(o_c + q[:, :, sl] @ (S_next - S_late))  # as if O_[c] read S_[c+1]
     S_late = S_next
 d_u = max_diff(torch.cat(outs_u, 2), o_loop)
 d_late = max_diff(torch.cat(outs_late, 2), o_loop)
 print(f"U instead of U':          max |outputs - loop| = {d_u:.2f}")
-print(f"reading S_(c+1), not S_c: max |outputs - loop| = {d_late:.2f}"
+print(f"reading S_[c+1], not S_[c]: max |outputs - loop| = {d_late:.2f}"
       f"   (outputs up to {o_loop.abs().max():.2f})")
 
 # %% [markdown]
@@ -265,12 +274,12 @@ print(f"reading S_(c+1), not S_c: max |outputs - loop| = {d_late:.2f}"
 # %% [markdown]
 # ## Check: the two limits
 #
-# **$C = 1$.** A chunk is one token; $T_c$ is the $1 \times 1$ matrix $\beta_t$, so $W_c = \beta_t k_t$,
-# $U_c = \beta_t v_t$ and $U'_c = \beta_t (v_t - k_t S_{t-1}) = u_t$; the masked block is
-# $(q_t \cdot k_t)$, and $O_c = q_t S_{t-1} + (q_t \cdot k_t) u_t = q_t (S_{t-1} + k_t^\top u_t) = q_t S_t$:
+# **$C = 1$.** A chunk is one token; $\mathcal{T}_{[c]}$ is the $1 \times 1$ matrix $\beta_t$, so $W_{[c]} = \beta_t k_t$,
+# $U_{[c]} = \beta_t v_t$ and $U'_{[c]} = \beta_t (v_t - k_t S_{t-1}) = u_t$; the masked block is
+# $(q_t \cdot k_t)$, and $O_{[c]} = q_t S_{t-1} + (q_t \cdot k_t) u_t = q_t (S_{t-1} + k_t^\top u_t) = q_t S_t$:
 # the recurrence, step for step.
 #
-# **$C \ge T$.** One chunk, $S_0$ the initial state: $U' = T V - T K S_0 = T (V - K S_0)$, which with
+# **$C \ge T$.** One chunk, $S_0$ the initial state: $U' = \mathcal{T} V - \mathcal{T} K S_0 = \mathcal{T} (V - K S_0)$, which with
 # $T = A^{-1} \operatorname{diag}(\beta)$ is the solution of chapter 5's system
 # $A U' = \operatorname{diag}(\beta)(V - K S_0)$; and $O = Q S_0 + (Q K^\top \odot M) U'$: the parallel
 # form. The lib's `delta_rule.chunked` in both limits, in float64:
@@ -290,17 +299,17 @@ print(f"(and my chunk steps against the lib at C = 16: "
 # %% [markdown]
 # ## The lib's version: every chunk at once, but one pass
 #
-# The loop above computes $T_c$, $W_c$, $U_c$ and the scores one chunk at a time, although none of
+# The loop above computes $\mathcal{T}_{[c]}$, $W_{[c]}$, $U_{[c]}$ and the scores one chunk at a time, although none of
 # them needs the state. `tinyk3.ops.delta_rule.chunked` computes them for all chunks (and all
 # heads and batch entries) in a few batched products, and keeps only what needs the state in a
 # loop. It runs in four stages, the same split GPU kernel libraries use (chapter 9):
 #
-# 1. $T_c$, $W_c = T_c K_c$, $U_c = T_c V_c$ for every chunk: one batched triangular solve and three
+# 1. $\mathcal{T}_{[c]}$, $W_{[c]} = \mathcal{T}_{[c]} K_{[c]}$, $U_{[c]} = \mathcal{T}_{[c]} V_{[c]}$ for every chunk: one batched triangular solve and three
 #    batched products;
-# 2. the scores $Q_c K_c^\top \odot M$ for every chunk: one batched product;
+# 2. the scores $Q_{[c]} K_{[c]}^\top \odot M$ for every chunk: one batched product;
 # 3. **the state pass**, the only sequential stage: for $c = 0, \dots, N-1$,
-#    $U'_c = U_c - W_c S_c$ and $S_{c+1} = S_c + K_c^\top U'_c$, recording every $S_c$ and $U'_c$;
-# 4. the outputs of every chunk at once, $O_c = Q_c S_c + (Q_c K_c^\top \odot M)\, U'_c$.
+#    $U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}$ and $S_{[c+1]} = S_{[c]} + K_{[c]}^\top U'_{[c]}$, recording every $S_{[c]}$ and $U'_{[c]}$;
+# 4. the outputs of every chunk at once, $O_{[c]} = Q_{[c]} S_{[c]} + (Q_{[c]} K_{[c]}^\top \odot M)\, U'_{[c]}$.
 
 # %%
 tinyk3.notebook.show_source(delta_rule.chunked)
@@ -310,12 +319,12 @@ tinyk3.notebook.show_source(delta_rule.chunked)
 # UT transform on every chunk at once:
 #
 # $$
-# T_c = \big(I + \operatorname{tril}(\operatorname{diag}(\beta_c) K_c K_c^\top, -1)\big)^{-1} \operatorname{diag}(\beta_c),
-# \qquad W_c = T_c K_c, \qquad U_c = T_c V_c .
+# \mathcal{T}_{[c]} = \big(I + \operatorname{tril}(\operatorname{diag}(\beta_{[c]}) K_{[c]} K_{[c]}^\top, -1)\big)^{-1} \operatorname{diag}(\beta_{[c]}),
+# \qquad W_{[c]} = \mathcal{T}_{[c]} K_{[c]}, \qquad U_{[c]} = \mathcal{T}_{[c]} V_{[c]} .
 # $$
 
 # %%
-tinyk3.notebook.show_source(delta_rule._wy_stage)
+tinyk3.notebook.show_source(delta_rule.wy_stage)
 
 # %% [markdown]
 # `torch.linalg.solve_triangular(A, ·, upper=False, unitriangular=True)` reads only the part of `A`
@@ -331,7 +340,7 @@ k_c, v_c, b_c = k[:, :, :C], v[:, :, :C], beta[:, :, :C]
 unmasked = (b_c[..., None] * k_c) @ k_c.mT
 T_unmasked = torch.linalg.solve_triangular(unmasked, torch.diag_embed(b_c), upper=False,
                                            unitriangular=True)
-W_lib, U_lib = delta_rule._wy_stage(k_c, v_c, b_c[..., None])
+W_lib, U_lib = delta_rule.wy_stage(k_c, v_c, b_c[..., None])
 W_ch7, U_ch7 = wy.wy_factors(k_c, v_c, b_c)
 d_T = max_diff(T_unmasked, wy.ut_transform(k_c, b_c))
 print(f"max |T from the unmasked matrix - wy.ut_transform| = {d_T:.1e}; "
@@ -342,37 +351,37 @@ print(f"max |T from the unmasked matrix - wy.ut_transform| = {d_T:.1e}; "
 # \text{batch2}$, a product and an addition in one call) on the $B \cdot H$ states at once:
 #
 # $$
-# U'_c = U_c - W_c S_c, \qquad S_{c+1} = S_c + K_c^\top U'_c \qquad (c = 0, 1, \dots, N - 1).
+# U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}, \qquad S_{[c+1]} = S_{[c]} + K_{[c]}^\top U'_{[c]} \qquad (c = 0, 1, \dots, N - 1).
 # $$
 
 # %%
-tinyk3.notebook.show_source(delta_rule._state_pass)
+tinyk3.notebook.show_source(delta_rule.state_pass)
 
 # %% [markdown]
-# **Why record $U'_c$ and not recompute it.** Stage 4 needs, per chunk, the state $S_c$ and the
-# deltas $U'_c$; the pass computes both anyway, and storing them turns the outputs into two large
+# **Why record $U'_{[c]}$ and not recompute it.** Stage 4 needs, per chunk, the state $S_{[c]}$ and the
+# deltas $U'_{[c]}$; the pass computes both anyway, and storing them turns the outputs into two large
 # batched products instead of two small products per chunk inside the loop. Production kernels
-# do the same: one kernel runs the pass and writes every chunk's state and "new values" $U'_c$ to
+# do the same: one kernel runs the pass and writes every chunk's state and "new values" $U'_{[c]}$ to
 # memory, a second computes all outputs in parallel. (An equivalent regrouping,
-# $O_c = (Q_c - A_c W_c)\, S_c + A_c U_c$ with $A_c = Q_c K_c^\top \odot M$, needs only the states, at the
+# $O_{[c]} = (Q_{[c]} - \Omega_{[c]} W_{[c]})\, S_{[c]} + \Omega_{[c]} U_{[c]}$ with $\Omega_{[c]} = Q_{[c]} K_{[c]}^\top \odot M$, needs only the states, at the
 # price of one more $C \times C$ by $C \times D_k$ product per chunk; the check:)
 
 # %%
 Qc, Kc, Vc = (x.unflatten(2, (-1, C)) for x in (q, k, v))  # chunks: [B, H, N, C, D]
 bc = beta.unflatten(2, (-1, C))  # [B, H, N, C]
 Wc, Uc = wy.wy_factors(Kc, Vc, bc)
-Ac = (Qc @ Kc.mT).tril()  # A_c = Q_c K_cᵀ ⊙ M
-# S_c, from the token loop   [B, H, N, Dk, Dv]
+Ac = (Qc @ Kc.mT).tril()  # Ω_[c] = Q_[c] K_[c]ᵀ ⊙ M
+# S_[c], from the token loop   [B, H, N, Dk, Dv]
 S_starts = torch.stack(
     [S0] + [token_loop_with_deltas(*(x[:, :, :s] for x in (q, k, v, beta)), S0)[2]
             for s in range(C, T, C)], dim=2)
 O_regrouped = (Qc - Ac @ Wc) @ S_starts + Ac @ Uc
-print(f"max |(Q - A W) S + A U - token loop| = "
+print(f"max |(Q - Ω W) S + Ω U - token loop| = "
       f"{max_diff(O_regrouped.flatten(2, 3), o_loop):.1e}")
 
 # %% [markdown]
-# The price of computing all chunks at once is memory: stage 3 keeps every $S_c$, $N D_k D_v$
-# numbers per head (the loop keeps one), and $U'_c$, as many numbers as $V$. At $C = 64$ the
+# The price of computing all chunks at once is memory: stage 3 keeps every $S_{[c]}$, $N D_k D_v$
+# numbers per head (the loop keeps one), and $U'_{[c]}$, as many numbers as $V$. At $C = 64$ the
 # states are $D_k D_v / C = D_v$ numbers per token for $D_k = 64$, as much as the values;
 # at $C = 1$ they would be $D_k D_v$ per token.
 #
@@ -404,10 +413,10 @@ for name, init in (("zero S_0", None), ("random S_0", S0)):
 # half precision as well.)
 #
 # **float32, long sequences.** A kernel runs in float32 (with bfloat16 inputs), and the state pass
-# carries rounding errors from chunk to chunk. Do they grow? $T = 8192$ tokens at full size, two
+# carries rounding errors from chunk to chunk. Do they grow? $T = 8192$ tokens, two
 # heads of $D = 64$, unit $q$ and $k$, a small random initial state: the chunked form in float32, for
 # three chunk sizes, and the token loop in float32, against the token loop in float64. A few
-# seconds at full size (the cell prints its time).
+# seconds (the cell prints its time).
 
 # %%
 t0 = time.perf_counter()
@@ -434,7 +443,7 @@ for name, (o32, S32) in runs.items():
 print(f"({time.perf_counter() - t0:.0f} s)")
 
 # %% mystnb={"figure": {"caption": "Largest float32 output error in each sixteenth of the sequence, for the token loop and the chunked form at three chunk sizes, against the float64 token loop: all stay near $10^{-6}$, well below the stated bound of $10^{-5}$, and hardly grow along the sequence.", "name": "fig-chunkwise-float32-error"}, "image": {"alt": "Line plot with a logarithmic vertical axis of the largest output error per window against the position in the sequence, for the float32 token loop and the chunked form at C = 16, 64 and 128: all four lines lie between about 9e-7 and 2e-6 and wander without an upward trend from start to end, well below a dashed horizontal line at the bound 1e-5."}}
-fig, ax = plt.subplots(figsize=(6.8, 3.4))
+fig, ax = plt.subplots(figsize=(6.8, 4.0))
 for name, err in errors.items():
     marker = "o-" if "loop" in name else ".-"
     ax.plot((np.arange(16) + 1) * window, err.numpy(), marker, label=name)
@@ -442,22 +451,22 @@ ax.axhline(1e-5, color="k", ls="--", lw=1, label="stated bound 1e-5")
 ax.set(yscale="log", xlabel="position t (end of each sixteenth of the sequence)",
        ylabel="max |o_t error| in the window",
        title="float32 against the float64 token loop")
-ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, 0.9))
+ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# In the run shown here the float32 errors of the chunked form are about $10^{-6}$ (at most
-# $2 \cdot 10^{-6}$) on outputs of a few units, about as large as the float32 token loop's, at every
-# chunk size, and they hardly grow along the sequence (the first sixteenth against the last, much
-# as for the token loop): with unit keys and $\beta \le 1$ every transition
+# The float32 errors of the chunked form are about as large as the float32 token loop's, at every
+# chunk size, and they hardly grow along the sequence (first sixteenth against last): with unit
+# keys and $\beta \le 1$ every transition
 # $I - \beta_t k_t^\top k_t$ has eigenvalues in $[0, 1]$ (chapter 5), so the state pass does not
 # amplify the rounding of earlier chunks, and chapter 7 showed the triangular solve is well
 # conditioned for such keys. The stated bound, which `tests/test_delta_rule.py` asserts at
 # $T = 8192$ for unit $q$ and $k$, is a maximum absolute error of $10^{-5}$ on the outputs and the
 # final state.
 #
-# **Gradients.** The lib's chunked form is differentiable through autograd (the triangular solve
-# and the batched products all have backward formulas). `torch.autograd.gradcheck` compares its
+# **Gradients.** The lib's chunked form is differentiable through autograd.
+# `torch.autograd.gradcheck` compares its
 # analytic gradients with finite differences in float64, at a tiny size with a short last chunk,
 # with respect to all five inputs ($q, k, v, \beta, S_0$); then the gradients of chunked and
 # recurrent are compared directly, at a larger size:
@@ -490,13 +499,13 @@ print("T = 50, C = 16: max |grad chunked - grad recurrent| for q, k, v, β, S_0:
 # Yang et al. (2024) and Songlin Yang's blog post *DeltaNet Explained (Part II)* keep the state as
 # $S^{\text{p}} \in \mathbb{R}^{D_v \times D_k}$, read by $S^{\text{p}} q$ with column vectors: our $S$
 # transposed (the [notation page](../book/notation.md)). Their chunk matrices $Q, K, V, W, U$ stack
-# tokens as rows, as ours do, and their $T$, $W = T K$ and $U = T V$ are ours (chapter 7 checked
+# tokens as rows, as ours do, and their $\mathcal{T}$, $W = \mathcal{T} K$ and $U = \mathcal{T} V$ are ours (chapter 7 checked
 # that). In their layout the chunk recurrence reads
 #
 # $$
-# S^{\text{p}}_{c+1} = S^{\text{p}}_c + \big(U_c - W_c S^{\text{p}\top}_c\big)^\top K_c ,
+# S^{\text{p}}_{[c+1]} = S^{\text{p}}_{[c]} + \big(U_{[c]} - W_{[c]} S^{\text{p}\top}_{[c]}\big)^\top K_{[c]} ,
 # \qquad
-# O_c = Q_c S^{\text{p}\top}_c + \big(Q_c K_c^\top \odot M\big)\big(U_c - W_c S^{\text{p}\top}_c\big).
+# O_{[c]} = Q_{[c]} S^{\text{p}\top}_{[c]} + \big(Q_{[c]} K_{[c]}^\top \odot M\big)\big(U_{[c]} - W_{[c]} S^{\text{p}\top}_{[c]}\big).
 # $$
 #
 # Written from these two equations, in that layout:
@@ -507,7 +516,7 @@ def chunkwise_papers_layout(q, k, v, beta, C, S_p):
     outs = []
     for start in range(0, q.shape[2], C):
         Q, K, V, b = (x[:, :, start : start + C] for x in (q, k, v, beta))
-        # T = (I + tril(diag(β) K Kᵀ, −1))⁻¹ diag(β); W = T K, U = T V
+        # 𝒯 = (I + tril(diag(β) K Kᵀ, −1))⁻¹ diag(β); W = 𝒯 K, U = 𝒯 V
         W, U = wy.wy_factors(K, V, b)
         # O = Q Sᵀ + (Q Kᵀ ⊙ M)(U − W Sᵀ)
         outs.append(Q @ S_p.mT + (Q @ K.mT).tril() @ (U - W @ S_p.mT))
@@ -530,21 +539,20 @@ print(f"max |S^p_N - our S_N transposed|       = {max_diff(S_p, S_ours.mT):.1e}"
 #
 # | stage | product | flops |
 # |---|---|---|
-# | 1 | $\operatorname{diag}(\beta) K_c K_c^\top$ | $2C^2 D$ |
+# | 1 | $\operatorname{diag}(\beta) K_{[c]} K_{[c]}^\top$ | $2C^2 D$ |
 # | 1 | the inverse of a $C \times C$ unit lower-triangular matrix | $C^3/3$ |
-# | 1 | $W_c = T_c K_c$, $U_c = T_c V_c$ | $2 \cdot 2C^2 D$ |
-# | 2 | $Q_c K_c^\top$ | $2C^2 D$ |
-# | 3 | $W_c S_c$, $K_c^\top U'_c$ | $2 \cdot 2CD^2$ |
-# | 4 | $Q_c S_c$, $(Q_c K_c^\top \odot M)\, U'_c$ | $2CD^2 + 2C^2D$ |
+# | 1 | $W_{[c]} = \mathcal{T}_{[c]} K_{[c]}$, $U_{[c]} = \mathcal{T}_{[c]} V_{[c]}$ | $2 \cdot 2C^2 D$ |
+# | 2 | $Q_{[c]} K_{[c]}^\top$ | $2C^2 D$ |
+# | 3 | $W_{[c]} S_{[c]}$, $K_{[c]}^\top U'_{[c]}$ | $2 \cdot 2CD^2$ |
+# | 4 | $Q_{[c]} S_{[c]}$, $(Q_{[c]} K_{[c]}^\top \odot M)\, U'_{[c]}$ | $2CD^2 + 2C^2D$ |
 #
 # Over $T/C$ chunks: $6TD^2 + 10TCD + TC^2/3$. Chunked linear attention (chapter 6) costs
-# $4TD^2 + 4TCD$; the delta rule adds one product with the state ($W_c S_c$) and three products of
-# $2C^2 D$ flops ($K_c K_c^\top$, $T_c K_c$, $T_c V_c$) plus the inverse for the UT transform. As in chapter 6, the masked
-# halves are counted because dense products compute them. `tinyk3.bench.delta_rule_flops` holds
-# this count (for the padded $\lceil T/C \rceil$ chunks the lib runs):
+# $4TD^2 + 4TCD$; the delta rule adds $W_{[c]} S_{[c]}$, three $C \times C$-sized products and the
+# inverse. As in chapter 6, masked halves are counted. `tinyk3.cost.chunked_delta_rule_flops`
+# holds this count (for the padded $\lceil T/C \rceil$ chunks the lib runs):
 
 # %%
-tinyk3.notebook.show_source(bench.delta_rule_flops)
+tinyk3.notebook.show_source(cost.chunked_delta_rule_flops)
 
 # %% [markdown]
 # PyTorch's flop counter sees every matrix product the lib performs. It has no formula for the
@@ -555,7 +563,7 @@ for T_, C_ in ((1024, 64), (1000, 64), (256, 1), (256, 256)):
     x = torch.zeros(1, 2, T_, 32)
     with FlopCounterMode(display=False) as counter:
         delta_rule.chunked(x, x, x, torch.zeros(1, 2, T_), chunk_size=C_)
-    model = 2 * bench.delta_rule_flops(T_, 32, 32, C_)  # two heads
+    model = 2 * cost.chunked_delta_rule_flops(T_, 32, C_)  # two heads
     inverse = 2 * cost.n_chunks(T_, C_) * C_**3 / 3
     print(f"T = {T_:4d}, C = {C_:3d}: PyTorch counts {counter.get_total_flops():11,d}; "
           f"the model minus the inverse: {model - inverse:13,.0f}")
@@ -572,7 +580,7 @@ print(f"T = {T_}, D = {D_}, per head: "
       f"{'C':>4s} {'linear attention':>17s} {'delta rule':>14s} {'ratio':>6s}")
 for C_ in (16, 64, 128):
     la_flops = cost.chunked_linear_attention_flops(T_, D_, C_).matmul
-    dr_flops = bench.delta_rule_flops(T_, D_, D_, C_)
+    dr_flops = cost.chunked_delta_rule_flops(T_, D_, C_)
     print(f"{'':>31s} {C_:4d} {la_flops:17,d} {dr_flops:14,.0f} "
           f"{dr_flops / la_flops:6.2f}")
 
@@ -582,19 +590,19 @@ for C_ in (16, 64, 128):
 # %% [markdown]
 # ## Experiment: time against $T$ and $C$
 #
-# Now the payoff. On one CPU thread, float32, $H = 4$ heads of $D = 64$ (at full size), time the
+# Now the payoff. On one CPU thread, float32, $H = 4$ heads of $D = 64$, time the
 # forward pass of
 #
 # - **the token loop** (`delta_rule.recurrent`),
-# - **the one-block parallel form** (`delta_rule.parallel`, up to $T = 2048$ at full size: it builds
+# - **the one-block parallel form** (`delta_rule.parallel`, up to $T = 2048$: it builds
 #   $T \times T$ matrices),
 # - **the chunked form** at $C = 64$,
 #
-# for $T$ from 256 to 4096; then the chunked form at $T = 4096$ for $C$ from 8 to 256. Times are
-# medians of 5 runs (`tinyk3.bench.time_fn`); the machine's matrix-product rate
-# (`bench.matmul_flops`, a $512 \times 512$ product) is measured in the same cell, before and after
-# (the higher of the two counts: on a shared machine a busy moment lowers a measurement). About
-# 10 seconds at full size (the cell prints its time).
+# for $T$ from 256 to 4096; then the chunked form at $T = 4096$ for $C$ from 8 to 256. Each time is
+# the median of several runs (`tinyk3.timing`), printed with its quartiles in ms; chunk sizes are
+# ranked only where their quartile ranges do not overlap. The matrix-product rate
+# (`bench.matmul_flops`, $512 \times 512$) is measured before and after, and the higher counts.
+# The cell prints its time.
 
 # %%
 t0 = time.perf_counter()
@@ -610,41 +618,41 @@ with torch.no_grad():
         if T_ <= PARALLEL_MAX_T:
             forms["parallel"] = partial(delta_rule.parallel, q, k, v, beta)
         for name, fn in forms.items():
-            rows.append((name, T_, bench.time_fn(fn, repeats=REPEATS)))
+            rows.append((name, T_, timed(fn)))
     q, k, v, beta = unit_inputs(1, H_TIME, T_TIME, D_TIME, D_TIME, seed=1,
                                 dtype=torch.float32)
-    by_C = {C_: bench.time_fn(partial(delta_rule.chunked, q, k, v, beta, chunk_size=C_),
-                              repeats=REPEATS)
+    by_C = {C_: timed(partial(delta_rule.chunked, q, k, v, beta, chunk_size=C_))
             for C_ in TIME_CS}
 peak = max(peak_before, bench.matmul_flops())
 by_T = {name: {T_: s for n, T_, s in rows if n == name}
         for name in ("recurrent", "chunked C = 64", "parallel")}
+print(bench.stamp())
 print(f"matmul 512x512: {peak / 1e9:.0f} GFLOP/s on this core "
       f"({time.perf_counter() - t0:.0f} s)")
-print(f"{'T':>5s} {'recurrent':>12s} {'parallel':>12s} {'chunked C=64':>13s} "
-      f"{'speed-up over the loop':>23s}")
+print(f"{'T':>5s} {'recurrent, ms':>20s} {'parallel, ms':>20s} "
+      f"{'chunked C=64, ms':>20s} {'speed-up':>9s}")
 for T_ in TIME_TS:
     t_loop, t_chunked = by_T["recurrent"][T_], by_T["chunked C = 64"][T_]
-    if T_ in by_T["parallel"]:
-        par = f"{by_T['parallel'][T_] * 1e3:9.1f} ms"
-    else:
-        par = f"{'-':>12s}"
-    print(f"{T_:5d} {t_loop * 1e3:9.1f} ms {par} {t_chunked * 1e3:10.1f} ms "
-          f"{t_loop / t_chunked:22.0f}x")
+    par = quartiles(by_T["parallel"][T_]) if T_ in by_T["parallel"] else "-"
+    print(f"{T_:5d} {quartiles(t_loop):>20s} {par:>20s} {quartiles(t_chunked):>20s} "
+          f"{t_loop / t_chunked:8.0f}x")
 
-flops_C = {C_: H_TIME * bench.delta_rule_flops(T_TIME, D_TIME, D_TIME, C_)
+flops_C = {C_: H_TIME * cost.chunked_delta_rule_flops(T_TIME, D_TIME, C_)
            for C_ in TIME_CS}
-print(f"\nT = {T_TIME}: {'C':>4s} {'time':>10s} {'GFLOP':>7s} {'GFLOP/s':>8s} "
+print(f"\nT = {T_TIME}: {'C':>4s} {'time, ms':>20s} {'GFLOP':>7s} {'GFLOP/s':>8s} "
       f"{'of matmul':>10s}")
-for C_, s in by_C.items():
-    print(f"{'':>9s} {C_:4d} {s * 1e3:7.1f} ms {flops_C[C_] / 1e9:7.2f} "
-          f"{flops_C[C_] / s / 1e9:8.1f} {flops_C[C_] / s / peak:10.0%}")
+for C_, t in by_C.items():
+    print(f"{'':>9s} {C_:4d} {quartiles(t):>20s} {flops_C[C_] / 1e9:7.2f} "
+          f"{flops_C[C_] / t / 1e9:8.1f} {flops_C[C_] / t / peak:10.0%}")
 best_C = min(by_C, key=by_C.get)
+tied = [C_ for C_ in by_C
+        if C_ != best_C and not distinguishable(by_C[C_], by_C[best_C])]
 speed_up = by_T["recurrent"][T_TIME] / by_C[best_C]
-print(f"fastest at C = {best_C}: {speed_up:.0f}x faster than the token loop "
-      f"at T = {T_TIME}")
+print(f"fastest median at C = {best_C}, {speed_up:.0f}x faster than the token loop at "
+      f"T = {T_TIME}; within the spread of it: "
+      + (", ".join(f"C = {c}" for c in tied) or "no other C"))
 
-# %% mystnb={"figure": {"caption": "Top: forward-pass time of the token loop, the one-block parallel form and the chunked form at $C = 64$ against the sequence length $T$. Middle and bottom: the chunked form's time against the chunk size $C$, with the time its flops would take at the matrix-product rate and the token loop's time, and the fraction of the matrix-product rate it reaches.", "name": "fig-chunkwise-time-vs-t-and-c"}, "image": {"alt": "Three stacked line plots. Top: log-log time against sequence length from 256 to 4096; the token loop and the chunked form grow about linearly, the chunked form 8 to 18 times faster, and the parallel form grows faster than linearly, passes the token loop between 1024 and 2048 and is the slowest of the three at 2048, the longest length it was timed at. Middle: time of the chunked form against chunk size from 8 to 256, a shallow U with its lowest point at 16 and 32 tokens, above a rising dashed line for its flops at the matmul rate and below a dotted line for the token loop. Bottom: fraction of the matmul rate against chunk size, rising from about 0.15 at 8 to about 0.4 at 128 and 256."}}
+# %% mystnb={"figure": {"caption": "Top: forward-pass time of the token loop, the one-block parallel form and the chunked form at $C = 64$ against the sequence length $T$. Middle and bottom: the chunked form's time against the chunk size $C$, with the time its flops would take at the matrix-product rate and the token loop's time, and the fraction of the matrix-product rate it reaches.", "name": "fig-chunkwise-time-vs-t-and-c"}, "image": {"alt": "Three stacked line plots. Top: log-log time against sequence length from 256 to 4096; the token loop and the chunked form grow about linearly, the chunked form about ten times faster, and the parallel form grows faster than linearly and is the slowest of the three at 2048, the longest length it was timed at. Middle: time of the chunked form against chunk size from 8 to 256, a shallow U with its lowest point between 16 and 64 tokens, above a rising dashed line for its flops at the matmul rate and below a dotted line for the token loop. Bottom: fraction of the matmul rate against chunk size, lowest at the smallest chunks and highest at 128 or 256, below one half everywhere."}}
 fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(6.7, 7.4), layout="constrained")
 for name, marker in (("recurrent", "s-"), ("parallel", "v-"), ("chunked C = 64", "o-")):
     pts = sorted(by_T[name].items())
@@ -667,28 +675,25 @@ for ax in (ax1, ax2):  # beside the panels, where they cover no data
 plt.show()
 
 # %% [markdown]
-# In the run shown here:
-#
-# - **Against $T$** (top), the token loop and the chunked form both grow about linearly, and the chunked
-#   form is 8 to 18 times faster at the lengths measured (the last column of the first
-#   table): it takes $T/C$ sequential steps instead of $T$, and its steps are matrix products. The
-#   parallel form grows faster than linearly: its $T \times T$ scores and triangular system cost
-#   $O(T^2 D)$ and more, so it is slower than the chunked form at every length measured, and at the
-#   longest length it was timed at, $T = 2048$, it is slower than the token loop itself, by a factor
-#   of about 2.5.
+# - **Against $T$** (top), the token loop and the chunked form both grow about linearly, and the
+#   chunked form is about an order of magnitude faster (the speed-up column): $T/C$ sequential
+#   steps instead of $T$, each made of matrix products. The parallel form grows faster than
+#   linearly, its $T \times T$ scores and triangular system costing $O(T^2 D)$; at the longest
+#   length it was timed at, $T = 2048$, it is slower than the token loop itself.
 # - **Against $C$** (middle), the chunked form traces chapter 6's U: at small $C$ the per-chunk costs
-#   dominate (the state pass has $T/C$ iterations, each a few Python-level calls), at large $C$ the
-#   $10TCD + TC^2/3$ of the diagonal blocks and the triangular solves do. The dashed line is the time
-#   its flops would take at the matrix-product rate.
+#   dominate (the state pass has $T/C$ iterations, each a few calls), at large $C$ the
+#   $10TCD + TC^2/3$ of the diagonal blocks and the triangular solves do. The quartile ranges are
+#   wide on a shared machine, so the line under the table names the fastest median and the chunk
+#   sizes within its spread, and those are not ranked against each other.
 # - **As a rate** (bottom), the chunked form reaches a fraction of what one large matrix product
 #   reaches on this core (the "of matmul" column). The rest is lost to small products ($64 \times 64$
 #   tiles run slower than $512 \times 512$ ones), to the triangular solve (which does about three times
 #   the flops the model counts for it), to element-wise passes over memory, and to the state pass,
 #   whose $2 \cdot T/C$ products run one after another on $B \cdot H$ matrices at a time.
 #
-# **Where the time goes.** The four stages timed one by one at $T = 4096$ and $C = 64$ (full size),
+# **Where the time goes.** The four stages timed one by one at $T = 4096$ and $C = 64$,
 # with the lib's own stage functions for stages 1 and 3 and its one-line stages 2 and 4, next to
-# each stage's share of the flops. A few seconds at full size.
+# each stage's share of the flops.
 
 # %%
 C_ = 64 if not SMOKE else 16
@@ -699,39 +704,44 @@ with torch.no_grad():
     bc = beta.unflatten(2, (-1, C_)).flatten(0, 1)[..., None]
     causal = torch.ones(C_, C_).tril()
     S_start = Qc.new_zeros(Qc.shape[0], D_TIME, D_TIME)
-    Wc, Uc = delta_rule._wy_stage(Kc, Vc, bc)
+    Wc, Uc = delta_rule.wy_stage(Kc, Vc, bc)
     scores = (Qc @ Kc.mT) * causal
-    S_all, U_new, _ = delta_rule._state_pass(Wc, Uc, Kc.mT, S_start)
+    S_all, U_new, _ = delta_rule.state_pass(Wc, Uc, Kc.mT, S_start)
     stages = {
-        "1. T, W, U": lambda: delta_rule._wy_stage(Kc, Vc, bc),
+        "1. 𝒯, W, U": lambda: delta_rule.wy_stage(Kc, Vc, bc),
         "2. scores": lambda: (Qc @ Kc.mT) * causal,
-        "3. state pass": lambda: delta_rule._state_pass(Wc, Uc, Kc.mT, S_start),
+        "3. state pass": lambda: delta_rule.state_pass(Wc, Uc, Kc.mT, S_start),
         "4. outputs": lambda: Qc @ S_all + scores @ U_new,
     }
-    stage_s = {name: bench.time_fn(fn, repeats=REPEATS) for name, fn in stages.items()}
-    whole = bench.time_fn(lambda: delta_rule.chunked(q, k, v, beta, chunk_size=C_),
-                          repeats=REPEATS)
+    stage_s = {name: timed(fn) for name, fn in stages.items()}
+    whole = timed(lambda: delta_rule.chunked(q, k, v, beta, chunk_size=C_))
 N_ = cost.n_chunks(T_TIME, C_)
-stage_flops = {"1. T, W, U": N_ * (2 * C_**2 * D_TIME + C_**3 / 3 + 4 * C_**2 * D_TIME),
+stage_flops = {"1. 𝒯, W, U": N_ * (2 * C_**2 * D_TIME + C_**3 / 3 + 4 * C_**2 * D_TIME),
                "2. scores": N_ * 2 * C_**2 * D_TIME,
                "3. state pass": N_ * 4 * C_ * D_TIME**2,
                "4. outputs": N_ * (2 * C_ * D_TIME**2 + 2 * C_**2 * D_TIME)}
-print(f"T = {T_TIME}, C = {C_}, {H_TIME} heads: the whole call {whole * 1e3:.1f} ms, "
-      f"the four stages {sum(stage_s.values()) * 1e3:.1f} ms")
-print(f"{'stage':>14s} {'time':>9s} {'of the time':>12s} {'of the flops':>13s} "
-      f"{'GFLOP/s':>8s} {'of matmul':>10s}")
 total_s, total_flops = sum(stage_s.values()), sum(stage_flops.values())
-for name, s in stage_s.items():
+low_sum = sum(t.low for t in stage_s.values())
+high_sum = sum(t.high for t in stage_s.values())
+print(f"T = {T_TIME}, C = {C_}, {H_TIME} heads, ms, median (quartiles): the whole call "
+      f"{quartiles(whole)}; the four stages, summed {total_s * 1e3:.1f} "
+      f"({low_sum * 1e3:.1f}-{high_sum * 1e3:.1f}): "
+      + ("apart" if high_sum < whole.low or whole.high < low_sum
+         else "within the spread of each other"))
+print(f"{'stage':>14s} {'time, ms':>20s} {'of the time':>12s} {'of the flops':>13s} "
+      f"{'GFLOP/s':>8s} {'of matmul':>10s}")
+for name, t in stage_s.items():
     fl = H_TIME * stage_flops[name]
-    print(f"{name:>14s} {s * 1e3:6.1f} ms {s / total_s:12.0%} "
+    print(f"{name:>14s} {quartiles(t):>20s} {t / total_s:12.0%} "
           f"{stage_flops[name] / total_flops:13.0%} "
-          f"{fl / s / 1e9:8.1f} {fl / s / peak:10.0%}")
+          f"{fl / t / 1e9:8.1f} {fl / t / peak:10.0%}")
 
 # %% [markdown]
-# In the run shown here stage 1, the UT transform and the WY factors, takes the largest share of
-# the time, more than its share of the flops: its triangular solve is a loop of small solves
-# inside PyTorch, one per chunk and head, and does about three times the flops the model counts
-# for it. The state pass, the only sequential stage, makes $2N$ calls on $B \cdot H$ small matrices
+# Stage 1, the UT transform and the WY factors, takes the largest share of the time, more than its
+# share of the flops: its triangular solve is a loop of small solves inside PyTorch, one per chunk
+# and head, and does about three times the flops the model counts for it. (The first line compares
+# the whole call with the sum of its stages; single runs of either can differ by a third here,
+# which is why every time in this chapter is a median with its quartiles.) The state pass, the only sequential stage, makes $2N$ calls on $B \cdot H$ small matrices
 # one after another, where every other stage makes a handful of calls on all $N \cdot B \cdot H$
 # chunks at once; it still runs at a rate comparable to the batched stages at this size, because
 # each of its calls multiplies $64 \times 64$ matrices. With more heads or a larger batch every call of
@@ -751,10 +761,11 @@ for name, s in stage_s.items():
 #
 # With `--fla` it also times the reference chunked code of flash-linear-attention
 # (`fla.ops.delta_rule.naive.delta_rule_chunkwise`) where that package is installed, and skips it with
-# a message where it is not. A small run of it, a few seconds at full size:
+# a message where it is not. A small run of it:
 
 # %%
 lengths = ["1024"] + (["4096"] if not SMOKE else [])
+print(bench.stamp())  # the commit, +dirty when the checkout had uncommitted changes
 bench.main(["delta_rule", "--T", *lengths, "--C", "32", "64", "128",
             "--loop-max-T", "1024", "--repeats", "3"])
 
@@ -767,7 +778,7 @@ bench.main(["delta_rule", "--T", *lengths, "--C", "32", "64", "128",
 # Write `chunkwise_delta_rule(q, k, v, beta, chunk_size)`: the delta rule over a whole sequence,
 # chunk by chunk, from $S_0 = 0$. Inputs are `q, k [B, H, T, Dk]`, `v [B, H, T, Dv]`,
 # `beta [B, H, T]`; return `(o [B, H, T, Dv], S [B, H, Dk, Dv])`, the outputs and the final state.
-# You may call `tinyk3.ops.wy.ut_transform(k_c, beta_c)` for each chunk's $T_c$ (or
+# You may call `tinyk3.ops.wy.ut_transform(k_c, beta_c)` for each chunk's $\mathcal{T}_{[c]}$ (or
 # `wy.wy_factors`). $T$ need not be a multiple of the chunk size, and the chunk size may exceed $T$.
 # ```
 
@@ -794,10 +805,10 @@ def chunkwise_delta_rule_solution(q, k, v, beta, chunk_size):
         Q, K, V, b = (x[:, :, start : start + chunk_size] for x in (q, k, v, beta))
         T_c = wy.ut_transform(K, b)  # (I + tril(diag(β) K Kᵀ, −1))⁻¹ diag(β)
         W, U = T_c @ K, T_c @ V
-        U_new = U - W @ S  # U'_c = U_c − W_c S_c
-        # O_c, from S_c: before the update
+        U_new = U - W @ S  # U'_[c] = U_[c] − W_[c] S_[c]
+        # O_[c], from S_[c]: before the update
         outs.append(Q @ S + (Q @ K.mT).tril() @ U_new)
-        S = S + K.mT @ U_new  # S_{c+1} = S_c + K_cᵀ U'_c
+        S = S + K.mT @ U_new  # S_[c+1] = S_[c] + K_[c]ᵀ U'_[c]
     return torch.cat(outs, dim=2), S
 
 
@@ -835,7 +846,7 @@ ok = checks.run("chunkwise.flops", chunked_delta_rule_flops_mine)
 # %%
 def chunked_delta_rule_flops_solution(T, D, C):
     n_chunks = -(-T // C)  # ⌈T/C⌉
-    c2d = 5 * 2 * C * C * D  # K Kᵀ, Q Kᵀ, T K, T V, (Q Kᵀ ⊙ M) U'
+    c2d = 5 * 2 * C * C * D  # K Kᵀ, Q Kᵀ, 𝒯 K, 𝒯 V, (Q Kᵀ ⊙ M) U'
     cd2 = 3 * 2 * C * D * D  # W S, Q S, Kᵀ U'
     return n_chunks * (c2d + cd2 + C**3 / 3)
 
@@ -856,15 +867,15 @@ for C_ in (16, 32, 64, 128):
 # %% [markdown]
 # ## Summary
 #
-# - Chapter 7's closed form of a chunk, applied to chunk $c$ from the state $S_c$, gives the chunk
-#   algorithm: $U'_c = U_c - W_c S_c$, $O_c = Q_c S_c + (Q_c K_c^\top \odot M)\, U'_c$,
-#   $S_{c+1} = S_c + K_c^\top U'_c$, with $W_c = T_c K_c$, $U_c = T_c V_c$ from the UT transform.
-# - It is exact: every row of $U'_c$ is the delta $u_t = \beta_t (v_t - k_t S_{t-1})$ the token loop
+# - Chapter 7's closed form of a chunk, applied to chunk $c$ from the state $S_{[c]}$, gives the chunk
+#   algorithm: $U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}$, $O_{[c]} = Q_{[c]} S_{[c]} + (Q_{[c]} K_{[c]}^\top \odot M)\, U'_{[c]}$,
+#   $S_{[c+1]} = S_{[c]} + K_{[c]}^\top U'_{[c]}$, with $W_{[c]} = \mathcal{T}_{[c]} K_{[c]}$, $U_{[c]} = \mathcal{T}_{[c]} V_{[c]}$ from the UT transform.
+# - It is exact: every row of $U'_{[c]}$ is the delta $u_t = \beta_t (v_t - k_t S_{t-1})$ the token loop
 #   writes (checked against the loop's recorded deltas), and once the deltas are known the delta rule
 #   is chunked linear attention on them. $C = 1$ is the recurrence, $C \ge T$ chapter 5's parallel
 #   form.
-# - $T_c$, $W_c$, $U_c$ and the scores depend only on their chunk and are computed for all chunks at
-#   once; the outputs too, once every $S_c$ and $U'_c$ is recorded. Only the state pass is
+# - $\mathcal{T}_{[c]}$, $W_{[c]}$, $U_{[c]}$ and the scores depend only on their chunk and are computed for all chunks at
+#   once; the outputs too, once every $S_{[c]}$ and $U'_{[c]}$ is recorded. Only the state pass is
 #   sequential: $\lceil T/C \rceil$ steps of two matrix products with the state.
 # - `tinyk3.ops.delta_rule.chunked` does exactly that in four stages. It equals the token loop to
 #   float64 round-off for every chunk size (short last chunks and initial states included), stays

@@ -15,30 +15,25 @@
 # %% [markdown]
 # # From the maths to a GPU kernel
 #
-# Chapter 8 ended with an exact chunkwise algorithm and a PyTorch implementation of it that does
-# every chunk at once except one short sequential pass. On a GPU that implementation is still a
-# string of separate framework calls: each intermediate ($W$, $U$, the scores, every chunk's
-# state) goes out to the GPU's main memory and comes back, and the state pass launches two small
-# matrix products per chunk, one after another. Kernel libraries such as flash-linear-attention
-# (fla) write the same algorithm as a handful of GPU kernels instead. This chapter writes it
-# as three kernels in Triton, `tinyk3.kernels.delta_rule.chunked`: one program per chunk computes
-# the scaled $K K^\top$, the triangular solve and $W$, $U$; one program per head and block of state
-# columns runs the sequential pass with the state held on chip; one program per chunk computes
-# the outputs.
+# Chapter 8 ended with an exact chunkwise algorithm whose PyTorch implementation does every
+# chunk at once except one short sequential pass. On a GPU it is still a string of framework
+# calls: every intermediate ($W$, $U$, the scores, every chunk's state) goes out to the GPU's
+# main memory and comes back, and the state pass launches two small matrix products per chunk,
+# one after another. Kernel libraries such as flash-linear-attention (fla) write the algorithm as
+# a handful of GPU kernels instead. This chapter writes it as three Triton kernels,
+# `tinyk3.kernels.delta_rule.chunked`: one program per chunk computes the scaled $K K^\top$, the
+# triangular solve and $W$, $U$; one program per head and block of state columns runs the
+# sequential pass with the state on chip; one program per chunk computes the outputs.
 #
-# **In this chapter** you see which stages a production kernel splits the work into, why only
-# the state pass is sequential, and what is stored or recomputed for the backward pass; write a
-# first small Triton kernel and check it; read the three kernels block by block, each next to
-# the chapter-8 equation it implements; run them under the Triton interpreter on this CPU and
-# check every stage against the PyTorch form (a sequence length that is not a multiple of the chunk
-# size, a non-zero initial state, both the separate and the fused output pass); compile them for
-# real NVIDIA GPUs without one and read what comes out (Triton's IR, PTX, the registers and
-# shared memory each stage needs); and, where a GPU is present (Colab), time the compiled kernel.
+# **In this chapter** you see which stages a production kernel splits the work into and why only
+# the state pass is sequential; write a first Triton kernel; read the three kernels next to the
+# chapter-8 equations; check every stage under the Triton interpreter on this CPU, in float32 and
+# in fla's bfloat16-operand mode; compile them for NVIDIA GPUs without one and read the
+# compiler's report; and write the output stage yourself, in Triton.
 #
-# **Cost.** Under a minute on one CPU core at full size, most of it compiling the kernels for a
-# GPU target and running them under the interpreter (the last cell prints the time);
-# `SMOKE = True` runs in a few seconds. Triton is optional (Linux only): without it every Triton
-# cell prints why it skipped and the rest of the chapter runs.
+# **Cost.** Under a minute on one CPU core, most of it compiling for a GPU target and running the
+# interpreter (the last cell prints the time); `SMOKE = True` runs in seconds. Triton is optional
+# (Linux only): without it every Triton cell prints why it skipped.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -79,6 +74,7 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
 import torch
@@ -88,8 +84,13 @@ from matplotlib.lines import Line2D
 
 import tinyk3.kernels as kernels
 from tinyk3 import checks
+from tinyk3.bench import stamp
+from tinyk3.checks import ch09_kernel as check_kernel
 from tinyk3.kernels import delta_rule as kd
+from tinyk3.kernels import runtime
 from tinyk3.ops import delta_rule, wy
+from tinyk3.timing import time_fn
+from tinyk3.util import max_diff
 
 GPU = torch.cuda.is_available()
 if kernels.AVAILABLE:
@@ -105,16 +106,16 @@ else:
     print(f"{kernels.REASON}. The Triton cells below print this and skip; "
           "the rest of the chapter runs. "
           "To run them, install Triton (`pip install triton`, Linux).")
+    # a stand-in, so that the Triton exercise's kernel can still be defined
+    tl = SimpleNamespace(constexpr=None)
 
 T_INTERP = 64 if SMOKE else 256  # sequence length of the interpreter timing
 SWEEP_CS = [16] if SMOKE else [16, 32, 64]  # chunk sizes of the interpreter check
 COMPILE_CS = [16] if SMOKE else [16, 32, 64]  # chunk sizes compiled for sm_90
 COMPILE_D = 32 if SMOKE else 128  # head size compiled for sm_90 (Kimi Linear's is 128)
-PRECISIONS = ["tf32"] if SMOKE else ["tf32", "ieee"]  # tl.dot input precisions compiled
-
-
-def max_diff(a, b):
-    return (a.double() - b.double()).abs().max().item()
+# designs compiled: (operands, tl.dot input precision of float32 operands)
+DESIGNS = ([("bfloat16", "tf32")] if SMOKE
+           else [("float32", "tf32"), ("float32", "ieee"), ("bfloat16", "tf32")])
 
 
 def inputs(B, H, T, Dk, Dv, seed, dtype=torch.float32):
@@ -146,30 +147,36 @@ def show_part(fn, first, last=None):
 #
 # A GPU runs a kernel as a **grid of programs**. In Triton you write what *one* program does; the
 # launch `kernel[grid](...)` runs it once for every point of the grid (up to three axes), in any
-# order and largely in parallel. Inside, a program knows where it is from `tl.program_id(axis)`,
-# and works on **tiles**, small blocks of numbers whose shapes are compile-time constants
-# (`tl.constexpr`, powers of two):
+# order and largely in parallel. A program knows where it is from `tl.program_id(axis)` and works
+# on **tiles**, blocks of numbers whose shapes are compile-time constants (`tl.constexpr`, powers
+# of two):
 #
 # - `tl.arange(0, BC)` is the vector $0, 1, \dots, BC - 1$; index arithmetic on such vectors
 #   (with `[:, None]` and `[None, :]` broadcasting) gives a tile of **offsets** into a tensor;
 # - `tl.load(ptr + offsets, mask=..., other=0.0)` reads those elements from the GPU's main
-#   (global) memory into **registers**; where the mask is false it reads nothing and yields
-#   `other`. `tl.store` writes back, only where the mask is true;
-# - `tl.dot(a, b)` multiplies two tiles (their shared inner dimension at least 16 for 16- and
-#   32-bit inputs, in Triton 3.7 on NVIDIA GPUs) on the tensor cores, except in the exact `"ieee"`
-#   float32 mode met below, staging the operands through **shared memory**, the small on-chip
-#   memory of one streaming multiprocessor;
-# - element-wise arithmetic, `tl.where`, reductions act on tiles in registers.
+#   (global) memory into **registers**, yielding `other` where the mask is false; `tl.store`
+#   writes back where the mask is true;
+# - `tl.dot(a, b)` multiplies two tiles (inner dimension at least 16) on the **tensor cores**,
+#   the matrix units of NVIDIA GPUs, staging operands through **shared memory**, the small
+#   on-chip memory of one streaming multiprocessor (SM);
+# - element-wise arithmetic, `tl.where` and reductions act on tiles in registers.
 #
-# Programs of one launch do not talk to each other (short of atomic operations). The only way one program's result reaches
-# another is to store it to global memory and let a *later launch* read it, or to keep both pieces
-# of work in the same program. That single fact decides how the chunked delta rule is cut into
-# kernels.
+# Three terms the chapter uses. A program runs on a number of **warps**, groups of 32 threads
+# that execute in lockstep (`num_warps`, 4 or 8 here); a tile is spread over their threads, so
+# more warps means fewer elements, and fewer registers, per thread. **Occupancy** is how many
+# warps an SM holds at once, limited by the registers and shared memory each program needs; more
+# resident warps hide more memory latency. **TF32** is a tensor-core format for float32 operands:
+# an 8-bit exponent and a 10-bit mantissa (float32 has 23), accumulated in float32. Tensor cores
+# run bfloat16 operands (8-bit mantissa) at twice the TF32 rate on A100 and H100.
+#
+# Programs of one launch do not talk to each other (short of atomics): one program's result
+# reaches another only through global memory and a *later launch*, or by keeping both pieces of
+# work in one program. That decides how the chunked delta rule is cut into kernels.
 #
 # **Layout.** The tensors are `[B, H, T, D]` and contiguous, so the kernels see them as
-# `[B·H, T, D]`: element $(bh, t, d)$ sits at offset $bh \cdot T D + t \cdot D + d$, and chunk $c$ of
-# head $bh$ is the rows $t = cC, \dots, cC + C - 1$. The last chunk may run past $T$; its extra rows
-# are masked (they load as $k = 0$, $\beta = 0$, which change nothing, and are never stored).
+# `[B·H, T, D]`: element $(bh, t, d)$ sits at offset $bh \cdot T D + t \cdot D + d$, and chunk $c$
+# of head $bh$ is rows $t = cC, \dots, cC + C - 1$. The last chunk may run past $T$; its extra
+# rows are masked (they load as $k = 0$, $\beta = 0$, which change nothing, and are never stored).
 
 # %% [markdown]
 # ## The stages, and why only one is sequential
@@ -178,55 +185,60 @@ def show_part(fn, first, last=None):
 #
 # $$
 # \begin{aligned}
-# A_c &= \operatorname{tril}(\operatorname{diag}(\beta_c) K_c K_c^\top, -1), &
-# T_c &= (I + A_c)^{-1} \operatorname{diag}(\beta_c), &
-# W_c &= T_c K_c, \quad U_c = T_c V_c, \\
-# U'_c &= U_c - W_c S_c, &
-# S_{c+1} &= S_c + K_c^\top U'_c, &
-# O_c &= Q_c S_c + (Q_c K_c^\top \odot M)\, U'_c .
+# A_{[c]} &= I + \operatorname{tril}(\operatorname{diag}(\beta_{[c]}) K_{[c]} K_{[c]}^\top, -1), &
+# \mathcal{T}_{[c]} &= A_{[c]}^{-1} \operatorname{diag}(\beta_{[c]}), &
+# W_{[c]} &= \mathcal{T}_{[c]} K_{[c]}, \quad U_{[c]} = \mathcal{T}_{[c]} V_{[c]}, \\
+# U'_{[c]} &= U_{[c]} - W_{[c]} S_{[c]}, &
+# S_{[c+1]} &= S_{[c]} + K_{[c]}^\top U'_{[c]}, &
+# O_{[c]} &= Q_{[c]} S_{[c]} + \Omega_{[c]} U'_{[c]}, \quad
+# \Omega_{[c]} = Q_{[c]} K_{[c]}^\top \odot M .
 # \end{aligned}
 # $$
 #
-# fla's forward for the delta rule runs five steps, and this chapter's kernel does the same
-# work in three launches:
+# The fla code read for this chapter is flash-linear-attention 0.6.0 from PyPI:
+# `fla/ops/delta_rule/chunk.py` (`chunk_delta_rule_fwd`), `fla/ops/delta_rule/wy_fast.py`,
+# `fla/ops/common/chunk_scaled_dot_kkt.py`, `fla/ops/utils/solve_tril.py`,
+# `fla/ops/common/chunk_delta_h.py` and `fla/ops/common/chunk_o.py`. In its variables, `A` after
+# `solve_tril` is $A_{[c]}^{-1}$ (our $\mathcal{T}_{[c]}$ without the $\operatorname{diag}(\beta)$,
+# which fla applies to $K$ and $V$), `v_new` is $U'$ and `h` holds the chunk states $S_{[c]}$.
+# Its forward runs five steps; this chapter's kernel does the same work in three launches:
 #
 # | stage | computes | needs | fla | here | grid (programs) |
 # |---|---|---|---|---|---|
-# | scaled $KK^\top$ | $A_c$ | the chunk's $K_c$, $\beta_c$ | `chunk_scaled_dot_kkt_fwd` | `_wy_kernel` | chunks × heads |
-# | triangular solve | $T_c = (I + A_c)^{-1} \operatorname{diag}(\beta_c)$ | $A_c$ | `solve_tril` | `_wy_kernel` | |
-# | WY factors | $W_c$, $U_c$ | $T_c$, $K_c$, $V_c$ | `recompute_w_u_fwd` | `_wy_kernel` | |
-# | **state pass** | $U'_c$, $S_{c+1}$, storing $S_c$ | $S_c$: **the chunk before** | `chunk_gated_delta_rule_fwd_h` | `_state_kernel` | value blocks × heads |
-# | output pass | $O_c$ | $S_c$, $U'_c$ (stored) | `chunk_fwd_o` | `_output_kernel` | value blocks × chunks × heads |
+# | scaled $KK^\top$ | $A_{[c]}$ | the chunk's $K_{[c]}$, $\beta_{[c]}$ | `chunk_scaled_dot_kkt_fwd` | `_wy_kernel` | chunks × heads |
+# | triangular solve | $\mathcal{T}_{[c]}$ | $A_{[c]}$ | `solve_tril` | `_wy_kernel` | |
+# | WY factors | $W_{[c]}$, $U_{[c]}$ | $\mathcal{T}_{[c]}$, $K_{[c]}$, $V_{[c]}$ | `recompute_w_u_fwd` | `_wy_kernel` | |
+# | **state pass** | $U'_{[c]}$, $S_{[c+1]}$, storing $S_{[c]}$ | $S_{[c]}$: **the chunk before** | `chunk_gated_delta_rule_fwd_h` | `_state_kernel` | value blocks × heads |
+# | output pass | $O_{[c]}$ | $S_{[c]}$, $U'_{[c]}$ (stored) | `chunk_fwd_o` | `_output_kernel` | value blocks × chunks × heads |
 #
 # Read the "needs" column. The first three stages use only their own chunk's inputs: every chunk
-# of every head is an independent program. The output of chunk $c$ needs $S_c$ and $U'_c$, but once
-# the state pass has stored them, every chunk's output is independent again. Only
-# $S_{c+1} = S_c + K_c^\top (U_c - W_c S_c)$ links a chunk to the one before, so only the state pass
-# must walk the chunks in order, and it does so *inside one program*: a loop over the chunks that
-# carries $S$ in registers. It has only $B \cdot H$ (times the number of value blocks, below)
-# programs, each doing $\lceil T/C \rceil$ steps of two products with the state. Everything else
-# runs on grids $\lceil T / C \rceil$ times larger.
+# of every head is an independent program. The output of chunk $c$ needs $S_{[c]}$ and $U'_{[c]}$,
+# and once the state pass has stored them every chunk's output is independent again. Only
+# $S_{[c+1]} = S_{[c]} + K_{[c]}^\top (U_{[c]} - W_{[c]} S_{[c]})$ links a chunk to the one before,
+# so only the state pass walks the chunks in order, *inside one program*: a loop that carries $S$
+# in registers. It has $B \cdot H$ programs (times the value blocks, below), each doing
+# $\lceil T/C \rceil$ steps; everything else runs on grids $\lceil T / C \rceil$ times larger.
 #
-# Why fuse the first three into one kernel here: $A_c$ and $T_c$ are $C \times C$ and stay in
-# registers from the product $K K^\top$ to the solve to $W$ and $U$, so nothing but $W$ and $U$ goes to
-# global memory. fla keeps them as separate kernels, each tuned on its own and shared with the
-# gated variants, and stores $A_c$ and $(I + A_c)^{-1}$ in between.
+# The first three are fused into one kernel here because $A_{[c]}$ and $\mathcal{T}_{[c]}$ are
+# $C \times C$ and stay in registers from $K K^\top$ to the solve to $W$ and $U$. fla keeps them
+# as separate kernels, each tuned on its own and shared with the gated variants, and stores
+# $A_{[c]}$ and its inverse in between.
 
 # %% [markdown]
 # ## A first kernel: the scaled $KK^\top$
 #
-# Before reading the lib's kernels, one small kernel built here: the first stage alone, one
-# program per chunk and head, writing
+# Before reading the lib's kernels, one small kernel: the first stage alone, one program per
+# chunk and head, writing the strictly lower part of $A_{[c]}$,
 #
 # $$
-# A_c = \operatorname{tril}(\operatorname{diag}(\beta_c) K_c K_c^\top, -1), \qquad (A_c)_{ij} = \beta_i\, (k_i \cdot k_j) \text{ for } j < i, \text{ else } 0,
+# L_{[c]} = A_{[c]} - I = \operatorname{tril}(\operatorname{diag}(\beta_{[c]}) K_{[c]} K_{[c]}^\top, -1), \qquad (L_{[c]})_{ij} = \beta_i\, (k_i \cdot k_j) \text{ for } j < i, \text{ else } 0,
 # $$
 #
-# into an output `a` of shape `[B·H, T, C]`: row $t$ holds its chunk's row of $A_c$ (fla's layout
-# for this intermediate). Each line maps to a piece of the equation: `program_id` picks the
+# into an output `a` of shape `[B·H, T, C]`: row $t$ holds its chunk's row of $L_{[c]}$ (fla's
+# layout for this intermediate). Each line maps to a piece of the equation: `program_id` picks the
 # chunk and head, `arange` builds the row and column indices, the mask cuts the last chunk and
 # the padding columns (a head size $D$ that is not a power of two is padded to `BD`), `tl.dot`
-# is $K_c K_c^\top$, the row scaling is $\operatorname{diag}(\beta_c)$, and `tl.where` with
+# is $K_{[c]} K_{[c]}^\top$, the row scaling is $\operatorname{diag}(\beta_{[c]})$, and `tl.where` with
 # $i > j$ is $\operatorname{tril}(\cdot, -1)$.
 
 # %%
@@ -240,8 +252,8 @@ if kernels.AVAILABLE:
         o_d = tl.arange(0, BD)  # column of k, padded to a power of two      [BD]
         m_t = o_t < T  # rows past the end of the sequence are padding
         m_td = m_t[:, None] & (o_d[None, :] < D)
-        p_k = k + i_bh * T * D + o_t[:, None] * D + o_d[None, :]  # addresses of K_c
-        b_k = tl.load(p_k, mask=m_td, other=0.0)  # K_c                     [C, BD]
+        p_k = k + i_bh * T * D + o_t[:, None] * D + o_d[None, :]  # addresses of K_[c]
+        b_k = tl.load(p_k, mask=m_td, other=0.0)  # K_[c]                     [C, BD]
         b_beta = tl.load(beta + i_bh * T + o_t, mask=m_t, other=0.0)  # β_c   [C]
         # diag(β) K Kᵀ   [C, C]
         b_A = b_beta[:, None] * tl.dot(b_k, tl.trans(b_k), input_precision="ieee")
@@ -265,10 +277,11 @@ else:
     print(kernels.REASON)
 
 # %% [markdown]
-# `triton.jit` is what `@triton.jit` does; `InterpretedFunction` is what it does when the variable
+# `triton.jit` is what `@triton.jit` does; `InterpretedFunction` is what it does when
 # `TRITON_INTERPRET=1` is set: it runs the same function on NumPy arrays, one program after
-# another, in Python. The lib chooses per call in the same way, so one process can interpret on
-# the CPU and compile for a GPU. The check, against chapter 7's `wy.ut_matrix` ($I + A_c$) on
+# another, in Python. The lib chooses per call in the same way (`tinyk3.kernels.runtime`), so one
+# process can interpret on the CPU and compile for a GPU. The check, against chapter 7's
+# `wy.ut_matrix` ($A_{[c]}$) on
 # zero-padded chunks, for $T = 37$ (the third chunk has 5 tokens) and $D = 20$ (padded to 32):
 
 # %%
@@ -283,7 +296,7 @@ if kernels.AVAILABLE:
     # tril(diag(β) K Kᵀ, −1) per chunk   [B, H, N, C, C]
     A_ref = wy.ut_matrix(kc, bc) - torch.eye(C)
     d_A = max_diff(a, A_ref.flatten(2, 3)[:, :, :T])
-    print(f"max |A from my kernel - wy.ut_matrix - I| = {d_A:.1e} "
+    print(f"max |L from my kernel - (wy.ut_matrix - I)| = {d_A:.1e} "
           f"({N} chunks x {B * H} heads = {N * B * H} programs)")
 else:
     print(kernels.REASON)
@@ -292,37 +305,37 @@ else:
 # ## Stage 1: `_wy_kernel`, every chunk at once
 #
 # The lib's first kernel starts exactly like the small one: program $(i_c, i_{bh})$ owns tokens
-# $i_c C, \dots, i_c C + C - 1$ of head $i_{bh}$, and loads its $\beta_c$. (The head index is cast to
-# 64-bit integers: $B \cdot H \cdot T \cdot D$ can exceed $2^{31}$, and an `int32` offset would wrap.)
+# $i_c C, \dots, i_c C + C - 1$ of head $i_{bh}$ and loads its $\beta_{[c]}$. The head index is cast
+# to `int64`: $B \cdot H \cdot T \cdot D$ can exceed $2^{31}$, where an `int32` offset wraps.
 
 # %%
 show_part(kd._wy_kernel, "i_c = tl.program_id(0)", "b_beta = tl.load")
 
 # %% [markdown]
-# Then $A_c = \operatorname{tril}(\operatorname{diag}(\beta_c) K_c K_c^\top, -1)$. For a large head
-# size the kernel does not load all of $K_c$ at once: it walks $D_k$ in blocks of `BK` columns and
-# accumulates, $K_c K_c^\top = \sum_{b} K_c^{(b)} K_c^{(b)\top}$ (a sum over column blocks), so the tiles
-# stay small.
+# Then $L_{[c]} = A_{[c]} - I$. For a large head size the kernel walks $D_k$ in blocks of `BK`
+# columns and accumulates, $K_{[c]} K_{[c]}^\top = \sum_{b} K_{[c]}^{(b)} K_{[c]}^{(b)\top}$, so the
+# tiles stay small. `to_operand` is the identity in the float32 mode and the cast to bfloat16 in
+# the bfloat16 mode (below).
 
 # %%
-show_part(kd._wy_kernel, "b_A = tl.full", "b_A = tl.where")
+show_part(kd._wy_kernel, "b_L = tl.full", "b_L = tl.where")
 
 # %% [markdown]
-# **The triangular solve, one row at a time, in registers.** Write $(I + A)^{-1} = I + N$. Row $i$ of
-# $X = (I + A)^{-1}$ solves $X_i + \sum_{j<i} A_{ij} X_j = e_i$, so, with $X_j = e_j + N_j$,
+# **The triangular solve, one row at a time, in registers.** Write $A^{-1} = (I + L)^{-1} = I + N$.
+# Row $i$ of $X = A^{-1}$ solves $X_i + \sum_{j<i} L_{ij} X_j = e_i$, so, with $X_j = e_j + N_j$,
 #
 # $$
-# N_i = -A_i - \sum_{j<i} A_{ij} N_j , \qquad T_c = (I + N)\operatorname{diag}(\beta_c) .
+# N_i = -L_i - \sum_{j<i} L_{ij} N_j , \qquad \mathcal{T}_{[c]} = (I + N)\operatorname{diag}(\beta_{[c]}) .
 # $$
 #
-# The kernel starts from $N = -A$ (so row $i$ still holds $-A_i$ when its turn comes), and at step $i$
-# reads that row out with a masked sum, adds $\sum_j A_{ij} N_j$ as one product of the row with the
-# whole tile (the terms $j \ge i$ vanish because $A_{ij} = 0$ there), and writes the row back with
+# The kernel starts from $N = -L$ (row $i$ still holds $-L_i$ when its turn comes); at step $i$ it
+# reads that row out with a masked sum, adds $\sum_j L_{ij} N_j$ as one product of the row with the
+# whole tile (the terms $j \ge i$ vanish because $L_{ij} = 0$), and writes the row back with
 # `tl.where`. A tile has no "row $i$" to index in registers; selecting and writing rows by masks
-# over the whole tile is how a kernel does it.
+# is how a kernel does it.
 
 # %%
-show_part(kd._wy_kernel, "b_N = -b_A", "b_T = ")
+show_part(kd._wy_kernel, "b_N = -b_L", "b_UT = to_operand")
 
 # %% [markdown]
 # The same loop written with PyTorch operations on one chunk (each line the tile operation
@@ -334,81 +347,77 @@ C = 16
 _, k, _, beta, _ = inputs(1, 1, C, 32, 32, seed=1)
 k_c, b_c = k[0, 0], beta[0, 0]  # one chunk: [C, Dk], [C]
 o_i = torch.arange(C)
-# A_c   [C, C]
-A = torch.where(o_i[:, None] > o_i[None, :], b_c[:, None] * (k_c @ k_c.T), 0.0)
-N = -A
+# L = A − I   [C, C]
+L = torch.where(o_i[:, None] > o_i[None, :], b_c[:, None] * (k_c @ k_c.T), 0.0)
+N = -L
 for i in range(1, C):
-    row = torch.where(o_i[:, None] == i, N, 0.0).sum(0)  # −A_i, read out by a mask  [C]
-    row = row + (row[:, None] * N).sum(0)  # −A_i − Σ_j A_ij N_j                     [C]
+    row = torch.where(o_i[:, None] == i, N, 0.0).sum(0)  # −L_i, read out by a mask  [C]
+    row = row + (row[:, None] * N).sum(0)  # −L_i − Σ_j L_ij N_j                     [C]
     N = torch.where(o_i[:, None] == i, row[None, :], N)  # write row i back
-T_c = (N + torch.eye(C)) * b_c[None, :]  # (I + N) diag(β): scale column j by β_j
-print(f"max |T from the row loop - wy.ut_transform| = "
-      f"{max_diff(T_c, wy.ut_transform(k_c, b_c)):.1e}")
+UT = (N + torch.eye(C)) * b_c[None, :]  # 𝒯 = (I + N) diag(β): scale column j by β_j
+print(f"max |UT matrix from the row loop - wy.ut_transform| = "
+      f"{max_diff(UT, wy.ut_transform(k_c, b_c)):.1e}")
 
 # %% [markdown]
-# ($-A_i - \sum_j A_{ij} N_j$ is computed as $r + \sum_j r_j N_j$ with $r = -A_i$: the signs cancel.) The
-# substitution costs $C$ dependent steps of $O(C^2)$ vector work, about $3C^3$ flops, against $C^3/3$
-# for an optimal triangular inverse. fla's `solve_tril` does better: it inverts $16 \times 16$
-# diagonal blocks and fills in the rest with block matrix products, chapter 7's block forward
-# substitution (by default in `"ieee"` precision, so not on the tensor cores). Finally $W_c = T_c K_c$ and $U_c = T_c V_c$, again block by block, stored as
-# float32:
+# $-L_i - \sum_j L_{ij} N_j$ is computed as $r + \sum_j r_j N_j$ with $r = -L_i$. The substitution
+# costs $C$ dependent steps of $O(C^2)$ vector work, about $3C^3$ flops, against $C^3/3$ for an
+# optimal triangular inverse. fla's `solve_tril` inverts $16 \times 16$ diagonal blocks and fills
+# in the rest with block matrix products, chapter 7's block forward substitution. Finally
+# $W_{[c]} = \mathcal{T}_{[c]} K_{[c]}$ and $U_{[c]} = \mathcal{T}_{[c]} V_{[c]}$, block by block:
 
 # %%
-show_part(kd._wy_kernel, "# -- W = T K")
+show_part(kd._wy_kernel, "# -- W = 𝒯 K")
 
 # %% [markdown]
-# **What lives where.** $A_c$, $N$ and $T_c$ ($C \times C$ each) never leave the program: they are
-# registers (and shared memory while `tl.dot` uses them). Global memory sees the reads of
-# $K_c$ (twice: once for $KK^\top$, once for $W$; a reload is cheaper than keeping a $C \times D_k$ tile alive
-# through the solve), $V_c$, $\beta_c$ and the writes of $W_c$, $U_c$.
+# **What lives where.** $L_{[c]}$, $N$ and $\mathcal{T}_{[c]}$ ($C \times C$ each) never leave the
+# program: they are registers (and shared memory while `tl.dot` uses them). Global memory sees the
+# reads of $K_{[c]}$ (twice: a reload is cheaper than keeping a $C \times D_k$ tile alive through
+# the solve), $V_{[c]}$, $\beta_{[c]}$ and the writes of $W_{[c]}$, $U_{[c]}$.
 
 # %% [markdown]
 # ## Stage 2: `_state_kernel`, the one sequential loop
 #
 # $$
-# U'_c = U_c - W_c S_c, \qquad S_{c+1} = S_c + K_c^\top U'_c, \qquad c = 0, 1, \dots, N - 1 .
+# U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}, \qquad S_{[c+1]} = S_{[c]} + K_{[c]}^\top U'_{[c]}, \qquad c = 0, 1, \dots, N - 1 .
 # $$
 #
-# **Why the columns of $S$ can be split over programs.** Take any set $J$ of the state's $D_v$
-# columns. Both equations act on $S$ column by column, $U'_c[:, J] = U_c[:, J] - W_c\, S_c[:, J]$
-# and $S_{c+1}[:, J] = S_c[:, J] + K_c^\top U'_c[:, J]$: columns $J$ of the next state need only columns
-# $J$ of this one (and all of $W_c$, $K_c$). So the state of one head can be cut into blocks of `BV`
-# columns, each carried by its own program, with no communication. That multiplies the
-# parallelism of the sequential stage by $D_v / BV$, and shrinks what each program keeps in
-# registers to a $D_k \times BV$ block. Checked with the lib's PyTorch state pass
-# (`delta_rule._state_pass`, chapter 8) on the whole state and on column blocks of 8:
+# **Why the columns of $S$ can be split over programs.** Both equations act on $S$ column by
+# column: for any set $J$ of columns, $U'_{[c]}[:, J] = U_{[c]}[:, J] - W_{[c]} S_{[c]}[:, J]$ and
+# $S_{[c+1]}[:, J] = S_{[c]}[:, J] + K_{[c]}^\top U'_{[c]}[:, J]$. So a head's state can be cut into
+# blocks of `BV` columns, each carried by its own program with no communication: $D_v / BV$
+# times the parallelism, and a $D_k \times BV$ block in registers. Checked with chapter 8's
+# `delta_rule.state_pass` on the whole state and on column blocks of 8:
 
 # %%
 B, H, T, Dk, Dv, C = 1, 2, 64, 16, 24, 16
 q, k, v, beta, S0 = inputs(B, H, T, Dk, Dv, seed=2)
 Kc, Vc = (x.unflatten(2, (-1, C)).flatten(0, 1) for x in (k, v))  # [B·H, N, C, D]
 bc = beta.unflatten(2, (-1, C)).flatten(0, 1)[..., None]  # [B·H, N, C, 1]
-Wc, Uc = delta_rule._wy_stage(Kc, Vc, bc)
+Wc, Uc = delta_rule.wy_stage(Kc, Vc, bc)
 S_start = S0.flatten(0, 1)  # [B·H, Dk, Dv]
-whole = delta_rule._state_pass(Wc, Uc, Kc.mT, S_start)  # every S_c, every U'_c, S_N
+whole = delta_rule.state_pass(Wc, Uc, Kc.mT, S_start)  # every S_[c], every U'_[c], S_N
 # columns j, ..., j + 7 of the state, one block at a time
-blocks = [delta_rule._state_pass(Wc, Uc[..., j:j + 8], Kc.mT, S_start[..., j:j + 8])
+blocks = [delta_rule.state_pass(Wc, Uc[..., j:j + 8], Kc.mT, S_start[..., j:j + 8])
           for j in range(0, Dv, 8)]
-names = ("states S_c", "deltas U'_c", "final state")
+names = ("states S_[c]", "deltas U'_[c]", "final state")
 for name, full, parts in zip(names, whole, zip(*blocks)):
     side_by_side = torch.cat(parts, dim=-1)
     print(f"{name:>12s}: max |blocks side by side - whole| = "
           f"{max_diff(side_by_side, full):.1e}")
 
 # %% [markdown]
-# The grid is therefore (value blocks, heads). A program loads its columns of $S_0$ (or starts
-# from zero) into a float32 register tile `b_S` of shape $[D_k, BV]$, where `BK` is all of $D_k$:
+# The grid is (value blocks, heads). A program loads its columns of $S_0$ into a float32 register
+# tile `b_S` of shape $[D_k, BV]$ (`BK` is all of $D_k$):
 
 # %%
 show_part(kd._state_kernel, "i_v = tl.program_id(0)", "b_S += tl.load")
 
 # %% [markdown]
-# and then loops over the chunks. Per chunk it stores $S_c$ *before* updating (the output pass
-# needs the state the chunk starts from), computes $U'_c$, stores it, and updates the register tile
-# with `b_S += tl.dot(tl.trans(b_k), b_du)`. Nothing about $S$ touches global memory inside the loop
-# except that one store of $S_c$. (With `FUSE_OUTPUT`, the output of the chunk is computed right
-# here instead, from the same tiles: nothing is stored, but that work then runs on the few
-# programs of the sequential pass.)
+# and loops over the chunks. Per chunk it stores $S_{[c]}$ *before* updating (the output pass needs
+# the state the chunk starts from), computes and stores $U'_{[c]}$, and updates the register tile
+# with `b_S += tl.dot(tl.trans(b_k), b_du)`; that store of $S_{[c]}$ is the state's only trip to
+# global memory. With `FUSE_OUTPUT` the chunk's output is computed here instead: nothing stored,
+# but that work then runs on the few programs of the sequential pass.
 
 # %%
 show_part(kd._state_kernel, "for i_c in range(0, NT)", "tl.store(s_out")
@@ -417,29 +426,27 @@ show_part(kd._state_kernel, "for i_c in range(0, NT)", "tl.store(s_out")
 # ## Stage 3: `_output_kernel`, every chunk at once again
 #
 # $$
-# O_c = Q_c S_c + (Q_c K_c^\top \odot M)\, U'_c
+# O_{[c]} = Q_{[c]} S_{[c]} + (Q_{[c]} K_{[c]}^\top \odot M)\, U'_{[c]}
 # $$
 #
-# One program per (value block, chunk, head) reads the stored $S_c$ and $U'_c$. Both $Q_c S_c$ and
-# $Q_c K_c^\top$ are sums over $D_k$, so they are accumulated together block by block; the mask keeps
-# $j \le i$ (diagonal included: $o_t$ reads the state after token $t$ wrote), and one more product adds
-# the intra-chunk part:
+# One program per (value block, chunk, head) reads the stored $S_{[c]}$ and $U'_{[c]}$. $Q_{[c]} S_{[c]}$
+# and $Q_{[c]} K_{[c]}^\top$ are both sums over $D_k$, accumulated together block by block; the mask
+# keeps $j \le i$ ($o_t$ reads the state after token $t$ wrote), and one more product adds the
+# intra-chunk part:
 
 # %%
-show_part(kd._output_kernel, "# -- Q_c S_c and Q_c K_c")
+show_part(kd._output_kernel, "# -- Q_[c] S_[c] and Q_[c] K_[c]ᵀ")
 
 # %% [markdown]
-# Note the recomputation: the scores $Q_c K_c^\top$ are computed again by each of the $D_v / BV$ value
-# blocks of a chunk rather than stored once ($C$ numbers per token) and read back. fla's
-# `chunk_fwd_o` makes the same choice (one program per value block and chunk, each forming its own
-# $Q_c K_c^\top$): the bet is that at these tile sizes a $C \times D_k$ by $D_k \times C$ product costs
-# less than the memory traffic it would save.
+# Each of a chunk's $D_v / BV$ value blocks recomputes the scores $Q_{[c]} K_{[c]}^\top$ rather than
+# reading them back from memory; fla's `chunk_fwd_o` makes the same bet, that at these tile sizes
+# the product costs less than the traffic it saves.
 #
 # ## The host side: three launches
 #
 # `chunked` validates the inputs and calls `_forward`, which allocates the intermediates and
-# launches the three grids. `launch_config` picks the tile sizes and launch options (chosen by
-# compiling for a GPU target and reading the compiler's resource report, as done below):
+# launches the three grids; `launch_config` picks tile sizes and launch options from the
+# compiler's resource reports (below):
 
 # %%
 show_part(kd._forward, "# stage 1: W, U", "o = o.to(out_dtype)")
@@ -454,82 +461,122 @@ print(f"state pass at C = 64, D = 128: {n_programs} programs per head, "
 
 # %% [markdown]
 # At $C = 64$, $D = 128$ a head's state is carried by several programs (the last line), and the
-# state tile that each keeps in registers for its whole loop, spread over the threads of its
-# warps (32 threads each), costs only a small part of a thread's registers. The rest go to the
-# tiles of $W_c$, $K_c$ and $U'_c$ that each chunk's products need.
+# state tile each keeps in registers, spread over the threads of its warps, is a small part of a
+# thread's registers. The rest go to the tiles of $W_{[c]}$, $K_{[c]}$ and $U'_{[c]}$.
+
+# %% [markdown]
+# ## Two operand modes: float32, and bfloat16 as fla does it
+#
+# The kernel has two modes, chosen by `operands=` (default: `"bfloat16"` for bfloat16 inputs,
+# `"float32"` for float32 and float16 inputs):
+#
+# - **`"float32"`**: every tile is converted to float32 before `tl.dot`, and $W$, $U$, $S_{[c]}$,
+#   $U'$ are stored in float32. `input_precision` picks the products: `"ieee"` is exact float32
+#   (no tensor cores), `"tf32"` rounds the operands to TF32 (tensor cores; errors about $10^{-3}$
+#   relative), `"tf32x3"` recovers most of float32 at three times the TF32 cost.
+# - **`"bfloat16"`**, fla's design: bfloat16 tiles go into every `tl.dot` with float32
+#   accumulators; the solve, the state carried in registers and every accumulator stay float32;
+#   $W$, $U$, $S_{[c]}$ and $U'$ are stored in bfloat16. Rounded to bfloat16, as in fla's
+#   `recompute_w_u_fwd`, `chunk_gated_delta_rule_fwd_h` and `chunk_fwd_o`: $\mathcal{T}_{[c]}$
+#   before its products, the state before $W_{[c]} S_{[c]}$ and before it is stored, $U'_{[c]}$,
+#   and $\Omega_{[c]}$ before $\Omega_{[c]} U'_{[c]}$.
+#
+# The Triton interpreter cannot run the second mode as written: its bfloat16 cast truncates
+# instead of rounding, and NumPy has no bfloat16 for loads and stores. Under the interpreter the
+# kernel therefore keeps float32 tensors and `runtime.to_operand` *emulates* bfloat16: it rounds
+# each value to the nearest bfloat16 by integer arithmetic on its float32 bits and computes in
+# float32. A float32 product of two bfloat16 numbers is exact, so this is what the tensor cores
+# compute, up to the order of the float32 sums:
+
+# %%
+tinyk3.notebook.show_source(runtime.to_operand)
+if kernels.AVAILABLE:
+    q, k, v, beta, S0 = inputs(1, 2, 100, 32, 32, seed=7, dtype=torch.bfloat16)
+    ref = delta_rule.chunked(*(x.double() for x in (q, k, v, beta)), chunk_size=32,
+                             initial_state=S0.double())
+    for mode in ("float32", "bfloat16"):
+        o, S = kd.chunked(q, k, v, beta, chunk_size=32, initial_state=S0.float(),
+                          operands=mode)
+        st = kd.forward_stages(q, k, v, beta, chunk_size=32, initial_state=S0.float(),
+                               operands=mode)
+        rounded = all(torch.equal(st[n], st[n].bfloat16().float())
+                      for n in ("w", "u", "states", "u_new"))
+        print(f"operands={mode:>8s}: max |o - fp64| = {max_diff(o, ref[0]):.1e}, "
+              f"max |S - fp64| = {max_diff(S, ref[1]):.1e}; "
+              f"W, U, S_[c], U' all bfloat16 values: {rounded}")
+else:
+    print(kernels.REASON)
+
+# %% [markdown]
+# On the same bfloat16 inputs, the float32 mode's state agrees with float64 to float32 round-off
+# and its output carries one bfloat16 rounding; the bfloat16 mode's state carries the roundings
+# listed above (`tests/test_kernels.py` bounds both modes against float64).
 
 # %% [markdown]
 # ## What goes through memory, and what the backward pass recomputes
 #
-# Everything a later launch reads must be stored, so the split has a price in global memory. Per
-# token and head, at $C = 64$, $D_k = D_v = 128$, with bfloat16 inputs (2 bytes) and float32
-# intermediates (4 bytes), where the per-chunk states $S_c$ ($D_k D_v$ numbers per chunk) count
-# $D_k D_v / C$ numbers per token:
+# Everything a later launch reads must be stored. Per token and head, at $C = 64$,
+# $D_k = D_v = 128$, bfloat16 inputs, the per-chunk states $S_{[c]}$ ($D_k D_v$ numbers per chunk)
+# counting $D_k D_v / C$ numbers per token; this kernel in its two modes, and fla's
+# `chunk_delta_rule_fwd` (its scaled $KK^\top$ is stored in float32, its inverse in the inputs'
+# dtype):
 
 # %%
 C_, Dk_, Dv_ = 64, 128, 128
-per_token = {  # numbers per token and head, bytes per number
-    "inputs q, k, v, beta (bf16)": (Dk_ + Dk_ + Dv_ + 1, 2),
-    "stage 1 -> 2: W, U (fp32)": (Dk_ + Dv_, 4),
-    "stage 2 -> 3: S_c (fp32)": (Dk_ * Dv_ / C_, 4),
-    "stage 2 -> 3: U' (fp32)": (Dv_, 4),
-    "(I + A_c)^-1 (bf16), kept by fla": (C_, 2),
+numbers = {  # numbers per token and head
+    "inputs q, k, v, beta": Dk_ + Dk_ + Dv_ + 1,
+    "W, U (stage 1 -> 2)": Dk_ + Dv_,
+    "S_[c] (state pass -> output)": Dk_ * Dv_ / C_,
+    "U' (state pass -> output)": Dv_,
+    "A - I, scaled K K^T (fla only)": C_,
+    "A^-1 (fla only; kept for backward)": C_,
 }
-for name, (n, nbytes) in per_token.items():
-    print(f"{name:>34s}: {n:6.0f} numbers = {n * nbytes:6.0f} bytes per token and head")
+bytes_per = {  # bytes per number: this kernel float32 mode, bfloat16 mode, fla
+    "inputs q, k, v, beta": (2, 2, 2),
+    "W, U (stage 1 -> 2)": (4, 2, 2),
+    "S_[c] (state pass -> output)": (4, 2, 2),
+    "U' (state pass -> output)": (4, 2, 2),
+    "A - I, scaled K K^T (fla only)": (0, 0, 4),
+    "A^-1 (fla only; kept for backward)": (0, 0, 2),
+}
+cols = ("this kernel fp32", "this kernel bf16", "fla 0.6.0")
+print(f"{'bytes per token and head':>36s} " + " ".join(f"{c:>16s}" for c in cols))
+totals = [0, 0, 0]
+for name, n in numbers.items():
+    row = [n * b for b in bytes_per[name]]
+    totals = [t + x for t, x in zip(totals, row)]
+    print(f"{name:>36s} " + " ".join(f"{x:16.0f}" for x in row))
+print(f"{'total':>36s} " + " ".join(f"{x:16.0f}" for x in totals))
 
 # %% [markdown]
 # The per-chunk states alone take more bytes than the inputs, and with $W$, $U$, $U'$ the
-# intermediates outweigh the inputs several times over. That is why the **backward pass stores
-# little and recomputes**: fla's `chunk_delta_rule` saves only $q, k, v, \beta$, the initial state and
-# the $C \times C$ inverses $(I + A_c)^{-1}$ (64 numbers a token here; $T_c$ is one scaling by $\beta$
-# away); its backward recomputes $W$ and $U$ from them
-# (`recompute_w_u_fwd`) and runs the state pass again (`chunk_gated_delta_rule_fwd_h`) to get every
-# $S_c$ and $U'_c$, then runs its gradient kernels. Recomputing the state pass costs one more
-# sequential sweep; storing its output would cost the memory above for every layer of the model
-# until the backward reaches it. (This is the same trade activation checkpointing makes, built
-# into the kernel.)
+# intermediates outweigh the inputs several times over; the bfloat16 mode halves them (the
+# totals line). That is why the **backward pass stores little and recomputes**: fla's
+# `chunk_delta_rule` saves $q, k, v, \beta$, the initial state and the inverses $A_{[c]}^{-1}$;
+# its backward recomputes $W$ and $U$ (`recompute_w_u_fwd`) and reruns the state pass
+# (`chunk_gated_delta_rule_fwd_h`) to get every $S_{[c]}$ and $U'_{[c]}$, then runs its gradient
+# kernels: one more sequential sweep instead of the memory above for every layer until the
+# backward reaches it, the trade activation checkpointing makes.
 #
-# The lib's kernel is forward-only; its `autograd.Function` stores only the inputs, and its
-# backward recomputes everything with the PyTorch chunked form under autograd and differentiates
-# that:
+# The lib's kernel is forward-only. Its `autograd.Function` stores only the inputs, and its
+# backward recomputes everything with the PyTorch chunked form under autograd:
 
 # %%
 tinyk3.notebook.show_source(kd._ChunkedFunction.backward)
 
 # %% [markdown]
-# Gradients through the Triton forward against gradients of the PyTorch form, for the same
-# incoming gradients (the interpreter runs the forward, at a small size):
-
-# %%
-if kernels.AVAILABLE:
-    q, k, v, beta, S0 = inputs(1, 2, 37, 16, 16, seed=3)
-    g = torch.Generator().manual_seed(3)
-    d_o = torch.randn(1, 2, 37, 16, generator=g)  # incoming gradients
-    d_S = torch.randn(1, 2, 16, 16, generator=g)
-    grads = {}
-    for name, fn in (("triton", kd.chunked), ("pytorch", delta_rule.chunked)):
-        leaves = [x.clone().requires_grad_() for x in (q, k, v, beta, S0)]
-        o, S = fn(*leaves[:4], chunk_size=16, initial_state=leaves[4])
-        ((o * d_o).sum() + (S * d_S).sum()).backward()
-        grads[name] = [x.grad for x in leaves]
-    names = ("q", "k", "v", "beta", "S0")
-    dists = ", ".join(f"{n} {max_diff(a, b):.1e}"
-                      for n, a, b in zip(names, *grads.values()))
-    largest = max(x.abs().max().item() for x in grads["pytorch"])
-    print("max |grad (Triton forward) - grad (PyTorch)|: " + dists
-          + f" (gradients up to {largest:.0f})")
-else:
-    print(kernels.REASON)
+# So the gradients through `kd.chunked` *are* the PyTorch form's gradients, by construction:
+# comparing the two would check nothing about the kernels, and this chapter does not. What the
+# kernels contribute is the forward, checked next.
 
 # %% [markdown]
 # ## Check: the kernels under the interpreter, stage by stage
 #
-# `kd.forward_stages` runs the three launches and returns what each wrote. On CPU tensors they run
-# under the Triton interpreter: the kernels' own code, masks and loops, on NumPy. One awkward case:
-# $T = 37$ with $C = 16$ (a 5-token last chunk), head sizes $D_k = 20$, $D_v = 12$ (tiles padded to 32
-# and 16), two batch entries, and a non-zero initial state. Each stage against its equation,
-# computed with the PyTorch pieces of chapters 7 and 8 on zero-padded chunks:
+# `kd.forward_stages` runs the three launches and returns what each wrote; on CPU tensors the
+# interpreter runs the kernels' own code, masks and loops. One awkward case: $T = 37$ with
+# $C = 16$ (a 5-token last chunk), $D_k = 20$, $D_v = 12$ (padded to 32 and 16), two batch
+# entries, a non-zero initial state. Each stage against its equation, computed with chapters 7
+# and 8's PyTorch pieces on zero-padded chunks:
 
 # %%
 if kernels.AVAILABLE:
@@ -543,7 +590,7 @@ if kernels.AVAILABLE:
 
     beta_c = F.pad(beta, (0, pad)).view(B, H, N, C)
     W_ref, U_ref = wy.wy_factors(chunks(k), chunks(v), beta_c)
-    S_all, U_new, S_N = delta_rule._state_pass(W_ref.flatten(0, 1), U_ref.flatten(0, 1),
+    S_all, U_new, S_N = delta_rule.state_pass(W_ref.flatten(0, 1), U_ref.flatten(0, 1),
                                                chunks(k).flatten(0, 1).mT,
                                                S0.flatten(0, 1))
     o_ref, S_ref = delta_rule.chunked(q, k, v, beta, chunk_size=C, initial_state=S0)
@@ -552,7 +599,7 @@ if kernels.AVAILABLE:
           f"max |U - T V| = {max_diff(chunks(st['u']), U_ref):.1e}")
     d_states = max_diff(st["states"].flatten(0, 1), S_all)
     d_u_new = max_diff(chunks(st["u_new"]).flatten(0, 1), U_new)
-    print(f"stage 2: max |S_c - state pass| = {d_states:.1e}, "
+    print(f"stage 2: max |S_[c] - state pass| = {d_states:.1e}, "
           f"max |U' - state pass| = {d_u_new:.1e}, "
           f"max |S_N| diff = {max_diff(st['S'].flatten(0, 1), S_N):.1e}")
     print(f"stage 3: max |o - delta_rule.chunked| = {max_diff(st['o'], o_ref):.1e} "
@@ -562,10 +609,9 @@ else:
     print(kernels.REASON)
 
 # %% [markdown]
-# Every stage agrees to float32 round-off. Now the end result over a small grid of cases: the three
-# chunk sizes the kernel supports, $T$ a multiple of $C$ or not, a zero or a random initial state,
-# the separate output pass and the fused one, against the PyTorch form in float32 (same inputs, same
-# chunk size) and in float64. Several seconds at full size (the cell prints its time).
+# Every stage agrees to float32 round-off. Now the end result over a grid of cases: each chunk
+# size, $T$ a multiple of $C$ or not, a zero or random initial state, the separate and the fused
+# output pass, against the PyTorch form in float32 and in float64:
 
 # %%
 if kernels.AVAILABLE:
@@ -598,27 +644,27 @@ else:
     print(kernels.REASON)
 
 # %% [markdown]
-# In the run shown here every distance is at the level of float32 round-off (the largest is printed
-# last), for the partial last chunks, the initial states and the fused pass alike (`tests/test_kernels.py`
-# asserts $2 \cdot 10^{-6}$ relative against float32 and $10^{-5}$ against float64, and checks
-# bfloat16 and float16 inputs and gradients too).
+# Every distance is at the level of float32 round-off (the largest is printed last), for partial
+# last chunks, initial states and the fused pass alike; `tests/test_kernels.py` asserts
+# $2 \cdot 10^{-6}$ relative against float32 and $10^{-5}$ against float64, and bounds the
+# bfloat16 mode too.
 #
-# **The interpreter is for checking, not for speed.** Each program is Python over NumPy arrays, one
-# after another. One call at a larger size, against the PyTorch chunked form on the same inputs
-# (about two seconds at full size):
+# **The interpreter is for checking, not for speed.** Each program is Python over NumPy arrays,
+# one after another. One call at a larger size against the PyTorch chunked form on the same
+# inputs, each the median of 3 runs (`tinyk3.timing`):
 
 # %%
 if kernels.AVAILABLE:
     q, k, v, beta, S0 = inputs(1, 4, T_INTERP, 64, 64, seed=5)
-    t0 = time.perf_counter()
-    o_k, S_k = kd.chunked(q, k, v, beta, chunk_size=64, initial_state=S0)
-    t_interp = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    o_p, S_p = delta_rule.chunked(q, k, v, beta, chunk_size=64, initial_state=S0)
-    t_torch = time.perf_counter() - t0
+    args = dict(chunk_size=64, initial_state=S0)
+    o_k, _ = kd.chunked(q, k, v, beta, **args)
+    o_p, _ = delta_rule.chunked(q, k, v, beta, **args)
+    t_interp = time_fn(lambda: kd.chunked(q, k, v, beta, **args), repeats=3, warmup=0)
+    t_torch = time_fn(lambda: delta_rule.chunked(q, k, v, beta, **args), repeats=3)
     print(f"T = {T_INTERP}, 4 heads of 64: interpreter {t_interp:.2f} s, "
           f"PyTorch chunked {t_torch * 1e3:.1f} ms "
           f"({t_interp / t_torch:.0f}x); max |o| diff {max_diff(o_k, o_p):.1e}")
+    print(stamp())
 else:
     print(kernels.REASON)
 
@@ -627,16 +673,15 @@ else:
 #
 # On CUDA tensors the same call compiles the kernels (`triton.jit`) and runs them on the GPU. The
 # next cell runs only where a CUDA GPU is present (on Colab: *Runtime → Change runtime type*, an
-# L4 or A100 GPU for the kernels as they are designed; the free T4 is outside Triton's supported
-# range, see {ref}`which-gpu` below). It checks the compiled kernel against the PyTorch form in
-# float64 (float32 inputs, `input_precision="ieee"`), then times the forward pass with
-# half-precision inputs (bfloat16 on GPUs of compute capability 8.0 and later, float16 on older
-# ones such as the T4) for the Triton kernel (tensor cores, tf32, where the GPU has them), the
-# PyTorch chunked form (`delta_rule.chunked`) and causal softmax
-# attention (`F.scaled_dot_product_attention`) on the same $q, k, v$, using `triton.testing.do_bench`.
-# No GPU number appears in this text: none was measured for it. `python tools/gpu_check_kernels.py`
-# in a checkout of the repository is the full check (more shapes and precisions, gradients, fla if
-# installed, the time share of each stage).
+# L4 or A100 for the kernels as designed; the free T4 is outside Triton's supported range, see
+# {ref}`which-gpu`). It checks the compiled kernel against the PyTorch form in float64 (float32
+# inputs, `input_precision="ieee"`), then times the forward pass (median of 10 runs,
+# `tinyk3.timing`) with half-precision inputs (bfloat16 from compute capability 8.0, with the
+# kernel's bfloat16 operands; float16 on older GPUs such as the T4, with float32 operands and
+# TF32) for the Triton kernel, the PyTorch chunked form and causal softmax attention
+# (`F.scaled_dot_product_attention`) on the same $q, k, v$. No GPU number appears in this text:
+# none was measured for it. `python tools/gpu_check_kernels.py` is the full check (more shapes
+# and modes, fla if installed, the time share of each stage).
 
 # %%
 if not kernels.AVAILABLE:
@@ -659,8 +704,9 @@ else:
           f"compiled kernel (float32, ieee) against PyTorch float64: "
           f"max |o| diff {max_diff(o, o64):.1e}, max |S| diff {max_diff(S, S64):.1e}")
     qh, kh, vh, bh = (x.to(half) for x in (q, k, v, beta))
+    mode = "bf16 operands" if bf16_ok else "fp32 operands, tf32"
     forms = {
-        "Triton kernel (tf32)":
+        f"Triton kernel ({mode})":
             lambda: kd.chunked(qh, kh, vh, bh, chunk_size=64),
         "PyTorch chunked form":
             lambda: delta_rule.chunked(qh, kh, vh, bh, chunk_size=64),
@@ -668,21 +714,23 @@ else:
             lambda: F.scaled_dot_product_attention(qh, kh, vh, is_causal=True),
     }
     with torch.no_grad():
-        ms = {name: triton.testing.do_bench(fn) for name, fn in forms.items()}
+        ms = {name: 1e3 * time_fn(fn, repeats=10, warmup=2, cuda=True)
+              for name, fn in forms.items()}
     for name, t_ms in ms.items():
         print(f"{name:>34s}: {t_ms:8.3f} ms ({B * T / t_ms:10.0f} tokens/ms, {half})")
+    print(stamp())
 
 # %% [markdown]
 # ## Compiling for real GPUs, without one
 #
-# The interpreter runs the kernels' logic, but not the compiler: it accepts tiles that are not
-# powers of two, dtype mismatches in `tl.dot`, operations a GPU backend lacks, and it cannot say how
-# many registers or how much shared memory a program needs. Triton can compile for a *named* target
-# without a GPU present: `kd.compile_for_gpu(arch)` calls `triton.compile` with
-# `GPUTarget("cuda", arch, 32)` (90: H100, 80: A100), which runs the whole tool chain, Triton IR →
-# TritonGPU IR → LLVM IR → PTX → the `ptxas` assembler shipped inside the Triton wheel → a cubin.
-# One compile at the production size, $C = 64$, $D_k = D_v = 128$, bfloat16 inputs, tf32 products, for
-# sm_90 (a few seconds; less when Triton's on-disk cache already holds the result):
+# The interpreter runs the kernels' logic but not the compiler: it accepts tiles that are not
+# powers of two, dtype mismatches in `tl.dot` and operations a GPU backend lacks, and cannot say
+# how many registers or how much shared memory a program needs. Triton compiles for a *named*
+# target without a GPU: `kd.compile_for_gpu(arch)` calls `runtime.compile_kernel`, which runs
+# `triton.compile` with `GPUTarget("cuda", arch, 32)` (90: H100, 80: A100) through the whole tool
+# chain, Triton IR → TritonGPU IR → LLVM IR → PTX → the `ptxas` in the Triton wheel → a cubin.
+# One compile at the production size, $C = 64$, $D_k = D_v = 128$, bfloat16 inputs, float32
+# operands with TF32 products, for sm_90 (a few seconds; less from Triton's on-disk cache):
 
 # %%
 reason = None if not kernels.AVAILABLE else kd.cannot_compile_reason()
@@ -692,7 +740,8 @@ else:
     t0 = time.perf_counter()
     compiled = kd.compile_for_gpu(90, chunk_size=64 if not SMOKE else 16,
                                   Dk=COMPILE_D, Dv=COMPILE_D,
-                                  dtype=torch.bfloat16, input_precision="tf32")
+                                  dtype=torch.bfloat16, operands="float32",
+                                  input_precision="tf32")
     print(f"compiled {list(compiled)} for sm_90 in {time.perf_counter() - t0:.1f} s")
     state = compiled["_state_kernel"]
     print("stages of the tool chain:", list(state.asm))
@@ -725,49 +774,29 @@ else:
 # %% [markdown]
 # What to read in it:
 #
-# - **Triton IR**: the state pass is a loop (`scf.for`) from 0 to the number of chunks that carries
-#   one value, the state tile `tensor<Dk x BV x f32>` (`iter_args`), and does the two products of
-#   the equations, $W_c S_c$ and $K_c^\top U'_c$, as `tt.dot` with `inputPrecision = tf32`.
-# - **TritonGPU IR**: the compiler has given every tile a *layout* (which thread holds which
-#   element). The loop-carried state has an `nvidia_mma` layout, the layout of an accumulator of
-#   the tensor cores: it stays in registers from one chunk to the next. For $W_c S_c$, where it is
-#   the right operand, it is copied into shared memory (`local_alloc`), because Hopper's
-#   `warp_group_dot` (the `wgmma` instruction) reads that operand from there; in $K_c^\top U'_c$ it
-#   is the accumulator and stays in registers.
-# - **PTX**: the NVIDIA virtual instruction set, with `wgmma.mma_async` instructions working on
-#   tf32 operands and float32 accumulators.
-# - **Shared memory**: the bytes each program reserves; a streaming multiprocessor runs as many
-#   programs at once as its shared memory and registers allow.
+# - **Triton IR**: the state pass is a loop (`scf.for`) over the chunks that carries one value,
+#   the state tile `tensor<Dk x BV x f32>` (`iter_args`), and does $W_{[c]} S_{[c]}$ and
+#   $K_{[c]}^\top U'_{[c]}$ as `tt.dot` with `inputPrecision = tf32`.
+# - **TritonGPU IR**: every tile has a *layout* (which thread holds which element). The state has
+#   the layout of a tensor-core accumulator (`#mma`) and stays in registers from chunk to chunk;
+#   as the right operand of $W_{[c]} S_{[c]}$ it is copied into shared memory (`local_alloc`),
+#   where Hopper's `wgmma` instruction reads that operand.
+# - **PTX**: the NVIDIA virtual instruction set, with tensor-core (`mma`) instructions on TF32
+#   operands and float32 accumulators.
+# - **Shared memory**: the bytes each program reserves, one of the two limits on occupancy.
 #
 # Registers and spills come from `ptxas`, the assembler that turns PTX into machine code: run with
-# `-v` it reports the registers each thread uses and the bytes it *spills* to (slow, off-chip)
-# local memory when the registers a thread may use are not enough. It ships in the Triton wheel:
+# `-v` it reports the registers each thread uses, the bytes it *spills* to (slow, off-chip) local
+# memory when 255 registers are not enough, and the thread's stack frame in local memory. It
+# ships in the Triton wheel; `runtime.ptxas_report` runs it:
 
 # %%
 MAX_REGISTERS = 255  # per thread, the architectural limit of NVIDIA GPUs
-
-
-def ptxas_report(ptx):
-    """Registers per thread and spill-store bytes, from ptxas -v
-    (the one shipped with Triton)."""
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    arch = re.search(r"[.]target (\S+)", ptx).group(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "kernel.ptx"
-        src.write_text(ptx)
-        cmd = [str(ptxas), "-v", f"--gpu-name={arch}", str(src),
-               "-o", str(Path(tmp) / "k.cubin")]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    report = out.stdout + out.stderr
-    regs = int(re.search(r"Used (\d+) registers", report).group(1))
-    spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
-    return regs, spills, report
-
-
+tinyk3.notebook.show_source(runtime.ptxas_report)
 if not kernels.AVAILABLE or reason:
     print(reason or kernels.REASON)
 else:
-    regs, spills, report = ptxas_report(state.asm["ptx"])
+    report = runtime.ptxas_report(state.asm["ptx"])["text"]
     print("\n".join(line for line in report.splitlines()
                     if "registers" in line or "spill" in line))
     print(f"(an NVIDIA thread can address at most {MAX_REGISTERS} registers)")
@@ -776,13 +805,12 @@ else:
 # (which-gpu)=
 # ### Which GPU: a free T4, or an L4 or A100
 #
-# Colab's free GPU is a T4, an NVIDIA GPU of compute capability 7.5 (Turing). Triton states its
-# support as NVIDIA GPUs of compute capability 8.0 and later (A100 is 8.0, L4 8.9, H100 9.0),
-# and a T4's tensor cores take float16 but neither tf32 nor bfloat16. Nothing in this chapter
-# was run on a T4 (or on any GPU). What the compiler does for one can be measured without it:
-# the next cell compiles the state pass for sm_75 (T4), sm_80 (A100) and sm_89 (L4), float16
-# inputs, asking for tf32 products and for exact `"ieee"` ones, and counts in the PTX the
-# tensor-core instructions (`mma`) and the scalar float32 multiply-adds (`fma.rn.f32`).
+# Colab's free GPU is a T4 (compute capability 7.5). Triton supports NVIDIA GPUs from compute
+# capability 8.0 (A100 8.0, L4 8.9, H100 9.0), and a T4's tensor cores take float16 but neither
+# TF32 nor bfloat16. Nothing in this chapter ran on a GPU; what the compiler does for one is
+# measured without it: the next cell compiles the state pass for sm_75 (T4), sm_80 (A100) and
+# sm_89 (L4), float16 inputs, asking for TF32 and for `"ieee"` products, and counts the
+# tensor-core instructions (`mma`) and scalar float32 multiply-adds (`fma.rn.f32`) in the PTX.
 
 # %%
 TARGETS = {75: "T4", 80: "A100", 89: "L4"}
@@ -809,51 +837,43 @@ else:
         print(f"{gpu}: tf32 asked, {verdict}")
 
 # %% [markdown]
-# In the run shown here the sm_75 build asked for tf32 comes out as the same PTX as the exact
-# one: every tile product becomes scalar float32 multiply-adds on the T4's CUDA cores, while
-# sm_80 and sm_89 get tensor-core `mma` instructions. So, on Colab:
-#
-# - **the free T4** runs every PyTorch form of the course on its GPU (float32 or float16). The
-#   Triton kernels compile for it and the GPU cell above runs them there with float16 inputs,
-#   but outside Triton's supported range and without tensor cores for their products: use it to
-#   check the compiled kernels, not to judge their speed;
-# - **an L4 or A100 runtime** (compute capability 8.9 or 8.0, tf32 and bfloat16 tensor cores)
-#   runs the kernels as designed, and the GPU cell's and `tools/gpu_check_kernels.py`'s timings
-#   mean what they say there.
+# The sm_75 build asked for TF32 is the same PTX as the exact one (the last lines): every tile
+# product becomes scalar float32 multiply-adds, while sm_80 and sm_89 get tensor-core `mma`
+# instructions. So on Colab the free T4 runs every PyTorch form of the course and can check the
+# compiled kernels (float16 inputs, outside Triton's supported range, no tensor cores): use it
+# for correctness, not speed. An L4 or A100 runtime runs the kernels as designed.
 
 # %% [markdown]
-# ## Experiment: what each stage needs, against the chunk size
+# ## Experiment: two designs, compiled, against the chunk size
 #
 # `launch_config`'s choices come from reports like that one. The experiment compiles the three
-# kernels for sm_90 at $D_k = D_v = 128$ (bfloat16 inputs) for each chunk size the kernel supports, with
-# tf32 products (tensor cores, the fast mode) and with `"ieee"` float32 products (the exact mode used
-# for checking), and reads each stage's registers per thread, spilled bytes, shared memory and
-# number of tensor-core (`mma`) instructions in its PTX.
-# Several seconds at full size (the cell prints its time: six compiles of three kernels, then
-# `ptxas -v` on each), longer when Triton's cache does not hold them yet.
+# kernels for sm_90 at $D_k = D_v = 128$ (bfloat16 inputs) for each chunk size, in three designs:
+# float32 operands with TF32 products and with exact `"ieee"` products (this kernel's float32
+# mode), and bfloat16 operands with float32 accumulation (fla's design). For each stage it reads
+# the registers per thread, spilled bytes, stack frame and shared memory from the compiler, and
+# counts the tensor-core (`mma`) instructions in the PTX. The cell prints its time.
 #
-# Next to it, a number no compiler reports: the **arithmetic intensity** of each stage, its flops
-# per byte of global memory traffic, counted from the kernels' loads, stores and `tl.dot`s per chunk
-# and head (bfloat16 inputs, float32 intermediates, $D_v / BV$ value blocks each re-reading their
-# operands). A GPU reaches its peak rate only on work that does many flops per byte it moves; below
-# that the memory system sets the pace.
+# Next to it, a number no compiler reports: the **bytes** each stage moves to and from global
+# memory per chunk and head, and its **arithmetic intensity** (flops per byte), counted from the
+# kernels' loads, stores and `tl.dot`s, with the intermediates in float32 or in bfloat16 and the
+# $D_v / BV$ value blocks each re-reading their operands. A GPU reaches its peak rate only on work
+# that does many flops per byte it moves; below that, memory sets the pace.
 
 # %%
-def stage_traffic(C, Dk, Dv, BV, in_bytes=2, f32=4):
-    """(flops, bytes) per chunk and head of each stage, counted from the kernels."""
+def stage_traffic(C, Dk, Dv, BV, mid_bytes, in_bytes=2, f32=4):
+    """(flops, bytes) per chunk and head of each stage, counted from the kernels;
+    mid_bytes: bytes per number of W, U, S_[c], U' (4: float32, 2: bfloat16)."""
     nV = -(-Dv // BV)  # value blocks: each re-reads what it needs of W, K, Q
-    # flops: KKᵀ, substitution, TK, TV
+    m = mid_bytes
+    # flops: KKᵀ, substitution, 𝒯K, 𝒯V; bytes: K twice, V, β, then W and U written
     wy_ = (2 * C * C * Dk + 3 * C**3 + 2 * C * C * Dk + 2 * C * C * Dv,
-           2 * C * Dk * in_bytes + C * Dv * in_bytes + C * in_bytes
-           + C * (Dk + Dv) * f32)
-    # flops: W_c S_c and K_cᵀ U'_c
+           2 * C * Dk * in_bytes + C * Dv * in_bytes + C * in_bytes + C * (Dk + Dv) * m)
+    # flops: W S and Kᵀ U'; bytes: W and K per block, U, S_[c] and U' written
     state = (2 * 2 * C * Dk * Dv,
-             nV * C * Dk * (f32 + in_bytes) + C * Dv * f32 + Dk * Dv * f32
-             + C * Dv * f32)
-    # flops: Q S, Q Kᵀ (per block), (QKᵀ⊙M) U'
+             nV * C * Dk * (m + in_bytes) + C * Dv * m + Dk * Dv * m + C * Dv * m)
+    # flops: Q S, Q Kᵀ (per block), Ω U'; bytes: Q, K per block, S_[c], U', O
     output = (2 * C * Dk * Dv + nV * 2 * C * C * Dk + 2 * C * C * Dv,
-              nV * 2 * C * Dk * in_bytes + Dk * Dv * f32 + C * Dv * f32
-              + C * Dv * in_bytes)
+              nV * 2 * C * Dk * in_bytes + Dk * Dv * m + C * Dv * m + C * Dv * in_bytes)
     return {"_wy_kernel": wy_, "_state_kernel": state, "_output_kernel": output}
 
 
@@ -864,76 +884,89 @@ def count_mma(ptx):
 
 # launch_config's name for each kernel
 CONFIG_KEYS = {"_wy_kernel": "wy", "_state_kernel": "state", "_output_kernel": "output"}
-# (precision, C) -> {stage: (registers, spill bytes, shared bytes, mma instructions)}
+# (operands, precision, C) -> {stage: ptxas report + shared bytes, mma count, warps}
 resources = {}
 if not kernels.AVAILABLE or reason:
     print(reason or kernels.REASON)
 else:
     t0 = time.perf_counter()
-    for prec in PRECISIONS:
+    for ops, prec in DESIGNS:
         for C in COMPILE_CS:
             out = kd.compile_for_gpu(90, chunk_size=C, Dk=COMPILE_D, Dv=COMPILE_D,
-                                     dtype=torch.bfloat16, input_precision=prec)
-            resources[prec, C] = {}
-            for name, c in out.items():
-                n_regs, n_spill, _ = ptxas_report(c.asm["ptx"])
-                resources[prec, C][name] = (n_regs, n_spill, c.metadata.shared,
-                                            count_mma(c.asm["ptx"]))
+                                     dtype=torch.bfloat16, operands=ops,
+                                     input_precision=prec)
+            cfg = kd.launch_config(C, COMPILE_D, COMPILE_D)
+            resources[ops, prec, C] = {
+                name: dict(runtime.ptxas_report(c.asm["ptx"]), shared=c.metadata.shared,
+                           mma=count_mma(c.asm["ptx"]),
+                           warps=cfg[CONFIG_KEYS[name]]["num_warps"])
+                for name, c in out.items()}
     print(f"compiled and assembled {3 * len(resources)} kernels "
           f"in {time.perf_counter() - t0:.0f} s; "
           f"sm_90, Dk = Dv = {COMPILE_D}, bf16 inputs")
-    print(f"{'precision':>9s} {'C':>3s} {'stage':>15s} {'warps':>5s} {'registers':>9s} "
-          f"{'spill B':>8s} {'shared KB':>9s} {'mma instr.':>10s}")
-    for (prec, C), stages in resources.items():
-        cfg = kd.launch_config(C, COMPILE_D, COMPILE_D)
-        for name, (r, s, sh, n_mma) in stages.items():
-            warps = cfg[CONFIG_KEYS[name]]["num_warps"]
-            print(f"{prec:>9s} {C:3d} {name:>15s} {warps:5d} {r:9d} {s:8d} "
-                  f"{sh / 1024:9.0f} {n_mma:10d}")
+    print(f"{'operands':>8s} {'dot':>4s} {'C':>3s} {'stage':>15s} {'warps':>5s} "
+          f"{'regs':>4s} {'spill B':>7s} {'stack B':>7s} {'shared KB':>9s} {'mma':>4s}")
+    for (ops, prec, C), stages in resources.items():
+        dot = prec if ops == "float32" else "bf16"
+        for name, r in stages.items():
+            print(f"{ops:>8s} {dot:>4s} {C:3d} {name:>15s} {r['warps']:5d} "
+                  f"{r['registers']:4d} {r['spill_stores']:7d} {r['stack_frame']:7d} "
+                  f"{r['shared'] / 1024:9.0f} {r['mma']:4d}")
+    SM_REGISTERS, SM_SHARED = 65536, 228 * 1024  # per SM on H100 (sm_90)
+    C_max = max(COMPILE_CS)
+    for ops, prec in DESIGNS:
+        r = resources[ops, prec, C_max]["_state_kernel"]
+        by_regs = SM_REGISTERS // (r["registers"] * 32 * r["warps"])
+        by_shared = SM_SHARED // max(r["shared"], 1)
+        print(f"state pass, {ops} operands ({prec if ops == 'float32' else 'bf16'}), "
+              f"C = {C_max}: programs per SM allowed by registers {by_regs}, "
+              f"by shared memory {by_shared}")
 
-print(f"\narithmetic intensity (flops per byte), Dk = Dv = {COMPILE_D}:")
-intensity = {}
+print(f"\nbytes moved per chunk and head, and flops per byte, Dk = Dv = {COMPILE_D}:")
+traffic = {}
 for C in (16, 32, 64):
     if kernels.AVAILABLE:
         BV = kd.launch_config(C, COMPILE_D, COMPILE_D)["state"]["BV"]
     else:
         BV = 32
-    traffic = stage_traffic(C, COMPILE_D, COMPILE_D, BV)
-    intensity[C] = {name: fl / by for name, (fl, by) in traffic.items()}
-    print(f"  C = {C:2d}: "
-          + ", ".join(f"{name} {x:5.1f}" for name, x in intensity[C].items()))
+    for mid, m_bytes in (("fp32", 4), ("bf16", 2)):
+        traffic[mid, C] = stage_traffic(C, COMPILE_D, COMPILE_D, BV, m_bytes)
+        print(f"  C = {C:2d}, intermediates {mid}: " + ", ".join(
+            f"{name.strip('_').replace('_kernel', '')} {by / 1024:5.0f} KB "
+            f"({fl / by:4.1f} flop/B)" for name, (fl, by) in traffic[mid, C].items()))
 
-# %% mystnb={"figure": {"caption": "What each of the three Triton stages needs when compiled for sm_90 at $D_k = D_v = 128$ with bfloat16 inputs, against the chunk size $C$: registers per thread, spilled bytes and shared memory per program as the compiler reports them, with tf32 (solid) and exact ieee (dashed) products, and the arithmetic intensity counted from the kernels' loads, stores and products.", "name": "fig-kernel-stage-resources"}, "image": {"alt": "Four line plots in a two-by-two grid against chunk size 16, 32 and 64, one colour per stage (wy, state, output), solid lines with circles for tf32 products and dashed lines with squares for ieee products. Registers per thread: the state pass rises to the dotted 255-register limit at C = 64 with tf32. Spill stores: zero with tf32; with ieee the state pass spills hundreds to thousands of bytes and the wy stage spills at C = 64. Shared memory grows with C for every stage, most for the state pass. Arithmetic intensity: the wy and output stages grow from under 10 to 30 to 35 flops per byte, the state pass only to about 13."}}
+# %% mystnb={"figure": {"caption": "What each of the three Triton stages needs when compiled for sm_90 at $D_k = D_v = 128$ with bfloat16 inputs, against the chunk size $C$, in three designs: float32 operands with TF32 products (solid), float32 operands with exact ieee products (dashed), bfloat16 operands with float32 accumulation (dotted). Registers and stack frame per thread and shared memory per program as the compiler reports them; bytes moved per chunk and head counted from the kernels' loads and stores, with float32 or bfloat16 intermediates.", "name": "fig-kernel-stage-resources"}, "image": {"alt": "Four line plots in a two-by-two grid against chunk size 16, 32 and 64, one colour per stage (wy, state, output) and one line style per design. Registers per thread: the float32 TF32 state pass reaches the 255 limit at C = 64; the ieee state pass sits at the limit at C = 16 and 32 and drops to 64 at C = 64; the bfloat16 design stays below the limit. Stack frame: zero except for the ieee design, whose state pass needs hundreds of bytes at C = 16 and 32 and thousands at C = 64. Shared memory grows with C, least for the bfloat16 design. Bytes moved: every stage moves fewer bytes with bfloat16 intermediates."}}
 stage_names = ["_wy_kernel", "_state_kernel", "_output_kernel"]
 colors = ("C0", "C1", "C2")
+styles = {("float32", "tf32"): "o-", ("float32", "ieee"): "s--",
+          ("bfloat16", "tf32"): "^:"}
 fig, axes = plt.subplots(2, 2, figsize=(6.7, 6.6), layout="constrained")
 axes = axes.flatten()
 for name, color in zip(stage_names, colors):
-    for prec, ls in (("tf32", "o-"), ("ieee", "s--")):
-        Cs = [C for (p, C) in resources if p == prec]
+    for design, ls in styles.items():
+        Cs = [C for (o_, p_, C) in resources if (o_, p_) == design]
         if not Cs:
             continue
-        vals = [resources[prec, C][name] for C in Cs]
-        axes[0].plot(Cs, [x[0] for x in vals], ls, color=color)
-        axes[1].plot(Cs, [x[1] for x in vals], ls, color=color)
-        axes[2].plot(Cs, [x[2] / 1024 for x in vals], ls, color=color)
-    axes[3].plot(list(intensity), [intensity[C][name] for C in intensity], "o-",
-                 color=color)
-axes[0].axhline(MAX_REGISTERS, color="k", ls=":", lw=1)
-titles = ("registers per thread (ptxas)", "spill stores (bytes, ptxas)",
-          "shared memory per program (KB)", "arithmetic intensity (flops / byte)")
+        vals = [resources[(*design, C)][name] for C in Cs]
+        axes[0].plot(Cs, [x["registers"] for x in vals], ls, color=color)
+        axes[1].plot(Cs, [x["stack_frame"] for x in vals], ls, color=color)
+        axes[2].plot(Cs, [x["shared"] / 1024 for x in vals], ls, color=color)
+    for mid, ls in (("fp32", "o-"), ("bf16", "^:")):
+        Cs = [C for (m_, C) in traffic if m_ == mid]
+        axes[3].plot(Cs, [traffic[mid, C][name][1] / 1024 for C in Cs], ls, color=color)
+axes[0].axhline(MAX_REGISTERS, color="k", ls="-", lw=0.5)
+titles = ("registers per thread (ptxas)", "stack frame per thread (bytes, ptxas)",
+          "shared memory per program (KB)", "bytes moved per chunk and head (KB)")
 for ax, title in zip(axes, titles):
     ax.set_title(title, fontsize=10)
     ax.set(xlabel="chunk size C")
     ax.set_xscale("log", base=2)
     ax.set_xticks([16, 32, 64], ["16", "32", "64"])
-# one legend below the panels: colour = stage, line style = precision of the products
 by_stage = [Line2D([], [], color=color, label=name.strip("_").replace("_kernel", ""))
             for name, color in zip(stage_names, colors)]
-by_style = [Line2D([], [], color="k", marker="o", ls="-", label="tf32 products"),
-            Line2D([], [], color="k", marker="s", ls="--", label="ieee products"),
-            Line2D([], [], color="k", ls=":", lw=1,
-                   label=f"limit: {MAX_REGISTERS} registers")]
+by_style = [Line2D([], [], color="k", marker="o", ls="-", label="fp32 operands, tf32"),
+            Line2D([], [], color="k", marker="s", ls="--", label="fp32 operands, ieee"),
+            Line2D([], [], color="k", marker="^", ls=":", label="bf16 operands")]
 key = [h for pair in zip(by_stage, by_style) for h in pair]  # columns fill first
 fig.legend(handles=key, loc="outside lower center", ncol=3, fontsize=8)
 fig.suptitle(f"The three stages compiled for sm_90, Dk = Dv = {COMPILE_D}, bf16 inputs",
@@ -941,50 +974,49 @@ fig.suptitle(f"The three stages compiled for sm_90, Dk = Dv = {COMPILE_D}, bf16 
 plt.show()
 
 # %% [markdown]
-# In the run shown here:
+# What the table and the figure say:
 #
-# - **Registers.** With tf32 products nothing spills, and the state pass uses the most registers
-#   of the three stages, more as $C$ grows, up to the 255-register ceiling at $C = 64$ (the state
-#   tile itself takes only 16 of them per thread there, as computed above; the operand tiles of
-#   $W_c$, $K_c$ and $U'_c$ take the rest). `launch_config` gives every stage 8 warps at these sizes
-#   (with 4, each thread would hold twice as much of every tile; its docstring lists where 4 warps
-#   spill, found from reports like these). With
-#   `"ieee"` products there are no tensor-core instructions at all (the last column): every product
-#   becomes float32 fused multiply-adds on the ordinary cores, the state pass spills at every chunk
-#   size (hundreds of bytes to kilobytes of spill stores), and stage 1 spills at $C = 64$. This is
-#   the measured reason the module
-#   calls `"ieee"` the mode for checking and tf32 the mode for speed.
-# - **Shared memory** grows with $C$, and the state pass needs at least as much as either other
-#   stage: the operand
-#   tiles of its products pass through it at every step (one pipeline stage, `num_stages=1`, keeps
-#   it small enough for every GPU Triton supports; prefetching the next chunk's tiles would need a
-#   second copy of them).
-# - **Arithmetic intensity** is low for every stage: tens of flops per byte at most, in this count.
-#   Stages 1 and 3 do $O(C^2 D)$ work per chunk on $O(C D)$ bytes, so their intensity grows about in
-#   proportion to $C$. The state pass gains much less: it writes one $D_k \times D_v$ state per chunk
-#   (traffic that shrinks per token as $C$ grows), but every one of a head's $D_v / BV$ programs also
-#   reloads $W_c$ and $K_c$, traffic that grows with $C$ as fast as its flops. That is the price of
-#   splitting the state's columns over programs: more parallelism for the sequential stage, paid for
-#   by re-reading its inputs. A GPU needs far more flops per byte than any of these to keep its
-#   tensor cores busy (divide its peak rate by its memory bandwidth), so all three stages are bound
-#   by memory traffic, and chunk sizes of 64 rather than chapter 8's flop-minimal small chunks are
-#   a way to move fewer bytes (fewer states written, fewer sequential steps, larger tiles), up to
-#   the limit the first two panels set.
+# - **bfloat16 operands against float32 with TF32.** Neither spills. The bfloat16 design needs
+#   fewer registers in the state pass at $C = 64$ (its operand tiles are half as wide), about half
+#   the shared memory (the operands staged for `tl.dot` are 2 bytes instead of 4), and about half
+#   the `mma` instructions: a bfloat16 `wgmma` consumes 16 elements of the inner dimension where a
+#   TF32 one consumes 8, so each instruction does twice the work, and H100 runs both at the same
+#   instruction rate. Its stages also move fewer bytes (last panel), the intermediates being half
+#   the size. TF32 is therefore the fast mode only among float32-operand designs.
+# - **The register outlier.** With `"ieee"` products there are no tensor-core instructions
+#   (the `mma` column): each product becomes float32 fused multiply-adds whose operand layout
+#   gives every thread whole rows of $W_{[c]}$ and columns of $S_{[c]}$. At $C = 16$ and $32$ the
+#   state pass sits at 255 registers and spills hundreds of bytes; at $C = 64$ it reports far
+#   fewer registers and a stack frame of kilobytes (the `stack B` column): the working set no
+#   longer fits, and ptxas moved the tiles to local memory and streams through them with few
+#   registers. A low register count with a large stack frame is the heaviest case, not the
+#   lightest. No warp count fixes it: the exact mode is for checking, and the other two designs
+#   do not spill.
+# - **Occupancy.** The last lines of the table divide an H100 SM's registers and shared memory
+#   by what one state-pass program needs. In the two designs that do not spill, registers bind
+#   first: the bfloat16 design's smaller tiles halve the shared memory but leave the program
+#   count per SM where the registers put it.
+# - **Arithmetic intensity** is low for every stage (tens of flops per byte at most). Stages 1
+#   and 3 do $O(C^2 D)$ work per chunk on $O(C D)$ bytes, so their intensity grows with $C$; the
+#   state pass gains less, because each of a head's $D_v / BV$ programs reloads $W_{[c]}$ and
+#   $K_{[c]}$. A GPU needs far more flops per byte to keep its tensor cores busy, so all three
+#   stages are bound by memory traffic: chunks of 64 rather than chapter 8's flop-minimal small
+#   chunks move fewer bytes, and bfloat16 intermediates fewer still.
 
 # %% [markdown]
 # ## Exercises
 #
-# Both exercises are what one program of a kernel does, written in PyTorch (no Triton needed).
+# The first two are what one program of a kernel does, written in PyTorch (no Triton needed);
+# the third is a Triton kernel, checked under the interpreter.
 #
 # ```{exercise} The addresses of a chunk's tile
 # :label: ex-kernel-tile-offsets
 #
-# Write `tile_offsets(i_bh, i_c, T, D, C, BD)`: for a contiguous tensor of shape `[B·H, T, D]`, the
-# element offsets (an `int64` tensor of shape `[C, BD]`) of the tile that program `(i_c, i_bh)` loads,
-# the rows of tokens $i_c C, \dots, i_c C + C - 1$ of head `i_bh` and the columns $0, \dots, BD - 1$
-# ($BD \ge D$, a power of two), and the mask (a `bool` tensor `[C, BD]`) of the entries that lie inside
-# the tensor's row, $t < T$ and $d < D$. Compute the offsets for every entry, masked or not, as the
-# kernel's `arange` arithmetic does.
+# Write `tile_offsets(i_bh, i_c, T, D, C, BD)`: for a contiguous `[B·H, T, D]` tensor, the element
+# offsets (`int64`, `[C, BD]`) of the tile program `(i_c, i_bh)` loads, tokens
+# $i_c C, \dots, i_c C + C - 1$ of head `i_bh` and columns $0, \dots, BD - 1$ ($BD \ge D$, a power
+# of two), and the mask (`bool`, `[C, BD]`) of the entries with $t < T$ and $d < D$. Compute the
+# offsets for every entry, masked or not, as the kernel's `arange` arithmetic does.
 # ```
 
 # %%
@@ -1017,9 +1049,8 @@ ok = checks.run("kernel.tile_offsets", tile_offsets_solution)
 # ```{solution-end}
 # ```
 #
-# A load is `x.flatten()[offsets]` where the mask holds and `other` elsewhere. Without the row mask,
-# the last chunk of head 0 reads the first tokens of head 1 (heads of $T = 37$ tokens of $D = 4$,
-# chunk 2 of $C = 16$):
+# A load is `x.flatten()[offsets]` where the mask holds and `other` elsewhere. Without the row
+# mask, the last chunk of head 0 reads head 1's first tokens ($T = 37$, $D = 4$, chunk 2 of 16):
 
 # %%
 # [B·H, T, D]: each entry its own offset
@@ -1037,13 +1068,13 @@ print(f"masked load equals x[0, 32:37] zero-padded: "
 # ```{exercise} The state pass of one program
 # :label: ex-kernel-state-pass-block
 #
-# Write `state_pass_block(w, u, k, s0, chunk_size, i_v, BV)`: the work of one program of the state
-# pass, for one head. Inputs: `w [T, Dk]` and `u [T, Dv]` (the WY factors of every chunk, as stage 1
-# writes them), `k [T, Dk]`, the whole initial state `s0 [Dk, Dv]`, and the program's block: columns
-# `i_v·BV` up to `min(Dv, i_v·BV + BV)` of the state. Walk the $\lceil T/C \rceil$ chunks (the last may
-# be short) with $U'_c = U_c - W_c S_c$ and $S_{c+1} = S_c + K_c^\top U'_c$ on those columns, and return
+# Write `state_pass_block(w, u, k, s0, chunk_size, i_v, BV)`, one program of the state pass for
+# one head: `w [T, Dk]`, `u [T, Dv]` (stage 1's WY factors), `k [T, Dk]`, the whole initial state
+# `s0 [Dk, Dv]`, and the program's columns `i_v·BV` up to `min(Dv, i_v·BV + BV)`. Walk the
+# $\lceil T/C \rceil$ chunks (the last may be short) with $U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}$ and
+# $S_{[c+1]} = S_{[c]} + K_{[c]}^\top U'_{[c]}$ on those columns, and return
 # `(states [N, Dk, n], u_new [T, n], s_final [Dk, n])`: the state each chunk *starts* from, the
-# deltas, and the final state, for the block's `n` columns.
+# deltas and the final state.
 # ```
 
 # %%
@@ -1069,10 +1100,10 @@ def state_pass_block_solution(w, u, k, s0, chunk_size, i_v, BV):
     # the sequential loop; the last chunk may be short
     for start in range(0, u.shape[0], chunk_size):
         rows = slice(start, start + chunk_size)
-        states.append(S)  # store S_c before the update
-        du = u[rows, cols] - w[rows] @ S  # U'_c = U_c − W_c S_c                [C, n]
+        states.append(S)  # store S_[c] before the update
+        du = u[rows, cols] - w[rows] @ S  # U'_[c] = U_[c] − W_[c] S_[c]       [C, n]
         deltas.append(du)
-        S = S + k[rows].T @ du  # S_{c+1} = S_c + K_cᵀ U'_c                     [Dk, n]
+        S = S + k[rows].T @ du  # S_[c+1] = S_[c] + K_[c]ᵀ U'_[c]          [Dk, n]
     return torch.stack(states), torch.cat(deltas), S
 
 
@@ -1082,10 +1113,9 @@ ok = checks.run("kernel.state_pass_block", state_pass_block_solution)
 # ```{solution-end}
 # ```
 #
-# Run over every block of columns (here blocks of 8) and every head, as the kernel's grid runs
-# its programs, the function rebuilds what `_state_kernel` stored, on the inputs of the
-# stage-by-stage check above (the kernel's own block width does not change the numbers: the
-# columns never mix):
+# Run over every block of columns (here of 8) and every head, as the kernel's grid runs its
+# programs, the function rebuilds what `_state_kernel` stored on the inputs of the stage-by-stage
+# check (the kernel's own block width does not matter: the columns never mix):
 
 # %%
 if kernels.AVAILABLE:
@@ -1105,7 +1135,84 @@ if kernels.AVAILABLE:
                         max_diff(u_new, st["u_new"][b, h]),
                         max_diff(S_T, st["S"][b, h]))
     print(f"{-(-Dv // BV)} blocks of BV = {BV} columns x {B * H} heads: "
-          f"max distance to the kernel's stored S_c, U' and S_N = {worst:.1e}")
+          f"max distance to the kernel's stored S_[c], U' and S_N = {worst:.1e}")
+else:
+    print(kernels.REASON)
+
+# %% [markdown]
+# ```{exercise} The output stage, in Triton
+# :label: ex-kernel-output-stage
+#
+# Complete `output_kernel_mine`, one program per (chunk, head) on a grid `(NT, B·H)`: load
+# $Q_{[c]}$, $K_{[c]}$ (`[BC, BK]`), the stored state $S_{[c]}$ (`[BK, BV]`, at
+# `states + (i_bh·NT + i_c)·Dk·Dv`) and $U'_{[c]}$ (`[BC, BV]`), compute
+# $O_{[c]} = Q_{[c]} S_{[c]} + (Q_{[c]} K_{[c]}^\top \odot M)\, U'_{[c]}$ and store it. All
+# tensors are contiguous float32, `q, k [B·H, T, Dk]`, `states [B·H, NT, Dk, Dv]`,
+# `u_new, o [B·H, T, Dv]`; `BK` and `BV` are $D_k$ and $D_v$ padded to powers of two, so every
+# load and the store need masks. `check_kernel.check_output_kernel` launches your kernel under
+# the Triton interpreter on five fixed random cases (partial last chunks, padded head sizes,
+# several heads) against the PyTorch reference; every tensor sits between NaN margins, so an
+# unmasked load reads NaN and an unmasked store is seen.
+# ```
+
+# %%
+def output_kernel_mine(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr,
+                       BK: tl.constexpr, BV: tl.constexpr):
+    i_c = tl.program_id(0)  # which chunk
+    i_bh = tl.program_id(1)  # which (batch, head)
+    o_i = tl.arange(0, BC)
+    o_t = i_c * BC + o_i  # tokens of the chunk
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    # your code here: masks, four loads, three tl.dot, the causal mask, one store
+    raise NotImplementedError
+
+
+# %% tags=["nbval-check-output"]
+ok = check_kernel.check_output_kernel(output_kernel_mine)
+
+# %% [markdown]
+# ```{solution-start} ex-kernel-output-stage
+# :class: dropdown
+# ```
+
+# %%
+tinyk3.notebook.show_source(check_kernel.output_kernel_solution)
+ok = check_kernel.check_output_kernel(check_kernel.output_kernel_solution)
+
+# %% [markdown]
+# ```{solution-end}
+# ```
+#
+# The same check with the causal mask's diagonal dropped (`>` for `>=`), a typical slip, fails
+# on the first case and names it:
+
+# %%
+if kernels.AVAILABLE:
+
+    def output_kernel_strict(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr,
+                             BK: tl.constexpr, BV: tl.constexpr):
+        i_c, i_bh = tl.program_id(0), tl.program_id(1)
+        o_i = tl.arange(0, BC)
+        o_t = i_c * BC + o_i
+        o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
+        m_tk = (o_t[:, None] < T) & (o_k[None, :] < Dk)
+        m_tv = (o_t[:, None] < T) & (o_v[None, :] < Dv)
+        b_q = tl.load(q + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk,
+                      other=0.0)
+        b_k = tl.load(k + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk,
+                      other=0.0)
+        p_s = states + (i_bh * NT + i_c) * Dk * Dv + o_k[:, None] * Dv + o_v[None, :]
+        b_s = tl.load(p_s, mask=(o_k[:, None] < Dk) & (o_v[None, :] < Dv), other=0.0)
+        b_u = tl.load(u_new + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :],
+                      mask=m_tv, other=0.0)
+        b_sc = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
+        b_sc = tl.where(o_i[:, None] > o_i[None, :], b_sc, 0.0)  # the slip: > for >=
+        b_o = tl.dot(b_q, b_s, input_precision="ieee")
+        b_o += tl.dot(b_sc, b_u, input_precision="ieee")
+        tl.store(o + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :], b_o, mask=m_tv)
+
+    result = check_kernel.check_output_kernel(output_kernel_strict)
 else:
     print(kernels.REASON)
 
@@ -1113,26 +1220,27 @@ else:
 # ## Summary
 #
 # - A production kernel for the chunked delta rule splits chapter 8's algorithm into the scaled
-#   $KK^\top$, the triangular solve, the WY factors $W$ and $U$, the state pass and the output pass
-#   (fla's five kernels; three launches here). Only the state pass is sequential, because only
-#   $S_{c+1} = S_c + K_c^\top (U_c - W_c S_c)$ links a chunk to the one before; it runs as a loop inside
-#   one program per head and block of state columns, carrying the state in registers. The columns
-#   of $S$ evolve independently, which is what lets one head's state be split over programs.
-# - Every intermediate one launch hands to the next goes through global memory: $W$, $U$, $U'$ and
-#   every chunk's starting state, more bytes than the inputs. So the backward pass stores little
-#   (fla: the inputs and $(I + A_c)^{-1}$) and recomputes $W$, $U$ and the state pass; the lib's kernel
-#   recomputes through the PyTorch form.
-# - The kernels map line by line onto the equations: `program_id` picks the chunk, head and value
-#   block, `arange` and masks build the tiles (the last chunk and padded head sizes masked),
-#   `tl.dot` does the products, and the triangular solve is a row loop of masked tile operations.
-# - Under the Triton interpreter on a CPU, each stage and the end result equal the PyTorch chunked
-#   form to float32 round-off, for partial last chunks, non-zero initial states, padded head sizes
-#   and the fused output pass; gradients through it equal the PyTorch form's.
-# - Compiling for sm_90 without a GPU shows the kernels as the GPU will run them: the state as a
-#   loop-carried tile in a tensor-core accumulator layout, `wgmma` instructions, and per-stage
-#   registers, spills and shared memory: in the run shown here the state pass reaches the register
-#   ceiling at $C = 64$ with tf32 products, without spilling, and spills in the exact `"ieee"` mode,
-#   which does without tensor cores.
+#   $KK^\top$, the triangular solve, the WY factors, the state pass and the output pass (fla's five
+#   kernels; three launches here). Only the state pass is sequential, because only
+#   $S_{[c+1]} = S_{[c]} + K_{[c]}^\top (U_{[c]} - W_{[c]} S_{[c]})$ links a chunk to the one
+#   before; it runs as a loop inside one program per head and block of state columns, carrying
+#   the state in registers. The columns of $S$ evolve independently, so a head's state can be
+#   split over programs.
+# - Every intermediate one launch hands to the next goes through global memory: $W$, $U$, $U'$
+#   and every chunk's starting state, more bytes than the inputs; fla's bfloat16 storage halves
+#   them. The backward pass therefore stores little and recomputes. The lib's kernel recomputes
+#   through the PyTorch form, so its gradients are the PyTorch form's by construction and are
+#   not a check of the kernels.
+# - The kernels map line by line onto the equations: `program_id` picks the chunk, head and
+#   value block, `arange` and masks build the tiles, `tl.dot` does the products, and the
+#   triangular solve is a row loop of masked tile operations.
+# - Under the Triton interpreter each stage and the end result equal the PyTorch chunked form to
+#   float32 round-off in the float32 mode; the bfloat16-operand mode, emulated there by exact
+#   rounding, stores bfloat16 values and stays within the tolerance the tests state.
+# - Compiled for sm_90 without a GPU, the bfloat16 design needs fewer registers, about half the
+#   shared memory and half the `mma` instructions of the float32 design with TF32, and neither
+#   spills; exact `"ieee"` products have no tensor cores and spill, and at $C = 64$ ptxas moves
+#   the state pass's tiles to a stack frame, which is why it reports so few registers there.
 #
 # **Next.** Chapter 10 adds a forgetting gate: Gated DeltaNet multiplies the state by a decay
 # $\alpha_t$ at every step, $S_t = \alpha_t (I - \beta_t k_t^\top k_t) S_{t-1} + \beta_t k_t^\top v_t$. The

@@ -4,8 +4,10 @@
 >>> ok = checks.run("gpt2.param_count", my_param_count)   # doctest: +SKIP
 ✔ gpt2.param_count (GPT-2 parameter count): passed 6/6 cases (exact).
 
-Each chapter's exercises live in a module of this package (``gpt2``, ``kv_cache``, ...) that
-registers them on import; every such module is imported here, so the registry is complete.
+Each chapter's exercises live in a module named after the chapter (``ch01_gpt2``,
+``ch02_kv_cache``, ..., ``ch09_kernel``) that registers them on import; every such module is
+imported here, so the registry is complete. Exercise ids (``"gpt2.param_count"``) name the topic,
+and ``Exercise.chapter`` the chapter.
 """
 
 import importlib

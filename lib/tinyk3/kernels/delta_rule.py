@@ -7,67 +7,69 @@
 
 The chapter-8 equations, per chunk ``c`` of ``C`` tokens (rows are tokens, ``M``: j ≤ i)::
 
-    A_c     = tril(diag(β) K_c K_cᵀ, −1)                       (scaled K Kᵀ, strictly lower)
-    T_c     = (I + A_c)⁻¹ diag(β)                               (UT transform)
-    W_c     = T_c K_c,   U_c = T_c V_c                           (WY factors)
-    U'_c    = U_c − W_c S_c                                      (deltas given the state so far)
-    O_c     = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c
-    S_{c+1} = S_c + K_cᵀ U'_c
+    A_[c]    = I + tril(diag(β) K_[c] K_[c]ᵀ, −1)          (unit lower triangular)
+    𝒯_[c]    = A_[c]⁻¹ diag(β)                              (the UT matrix)
+    W_[c]    = 𝒯_[c] K_[c],   U_[c] = 𝒯_[c] V_[c]            (WY factors)
+    U'_[c]   = U_[c] − W_[c] S_[c]                          (deltas given the state so far)
+    O_[c]    = Q_[c] S_[c] + (Q_[c] K_[c]ᵀ ⊙ M) U'_[c]
+    S_[c+1]  = S_[c] + K_[c]ᵀ U'_[c]
 
-How the work is split (the split of fla-org/flash-linear-attention's ``chunk_delta_rule``):
+How the work is split (the split of flash-linear-attention's ``chunk_delta_rule``, read in fla
+0.6.0 from PyPI: ``fla/ops/delta_rule/chunk.py``, ``wy_fast.py``, ``fla/ops/common/
+chunk_delta_h.py``, ``chunk_o.py``, ``chunk_scaled_dot_kkt.py``, ``fla/ops/utils/solve_tril.py``;
+fla's ``A`` after ``solve_tril`` is our 𝒯 without the ``diag(β)``, its ``v_new`` our U', its ``h``
+the chunk states S_[c]):
 
 1. :func:`_wy_kernel`, one program per (chunk, B·H), all in parallel: ``K Kᵀ``, the triangular
-   solve for ``T`` (forward substitution in float32 registers), ``W`` and ``U``. Nothing here
+   solve for 𝒯 (forward substitution in float32 registers), ``W`` and ``U``. Nothing here
    depends on the state, so every chunk of every head is independent.
    (fla: ``chunk_scaled_dot_kkt_fwd`` + ``solve_tril`` + ``recompute_w_u_fwd``. fla's solve
    inverts 16 × 16 diagonal blocks and merges them with matrix products, as
-   :func:`tinyk3.ops.wy.block_inverse` does, so the merges run on tensor cores; row-by-row
-   substitution over the whole chunk is simpler, C steps of O(C²) vector work.)
+   :func:`tinyk3.ops.wy.block_inverse` does; row-by-row substitution over the whole chunk is
+   simpler, C steps of O(C²) vector work.)
 2. :func:`_state_kernel`, one program per (block of Dv columns, B·H): the only sequential
-   part, a loop over the chunks carrying ``S`` in registers. It stores the state each chunk
-   *starts* from and the deltas ``U'``. The ``Dv`` columns of ``S`` evolve independently
-   (every equation above acts on ``S`` column by column), so a head's state can be split over
-   several programs. (fla: ``chunk_gated_delta_rule_fwd_h``.)
+   part, a loop over the chunks carrying ``S`` in float32 registers. It stores the state each
+   chunk *starts* from and the deltas ``U'``. The ``Dv`` columns of ``S`` evolve independently,
+   so a head's state can be split over several programs. (fla: ``chunk_gated_delta_rule_fwd_h``.)
 3. :func:`_output_kernel`, one program per (Dv block, chunk, B·H), all in parallel again:
-   ``O_c = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c`` from the stored ``S_c`` and ``U'_c``.
-   (fla: ``chunk_fwd_o``.)
+   ``O_[c]`` from the stored ``S_[c]`` and ``U'_[c]``. (fla: ``chunk_fwd_o``.)
 
 Why a separate output pass (the default, as in fla): the sequential pass then does only the
-two ``C × Dk × Dv`` products per chunk it cannot avoid (``W_c S_c`` and ``K_cᵀ U'_c``), while
-the output (``Q_c S_c``, ``Q_c K_cᵀ``, and the ``C × C`` product with ``U'_c``: about as many
-flops again at C = 64, D = 128) runs on a grid ``T / C`` times larger. The price is memory
-traffic: every chunk's starting state (``Dk · Dv`` floats, so ``T/C · Dk · Dv`` per head) and
-``U'`` go through global memory. ``fuse_output=True`` computes ``O_c`` inside the state pass
-instead: nothing stored, but that work then runs sequentially on only ``B·H·Dv/BV``
-programs, which is fine when B·H alone fills the GPU and slow for a few long sequences. Both
-are checked equal to the PyTorch form.
+two ``C × Dk × Dv`` products per chunk it cannot avoid (``W_[c] S_[c]`` and ``K_[c]ᵀ U'_[c]``),
+while the output runs on a grid ``T / C`` times larger. The price is memory traffic: every
+chunk's starting state and ``U'`` go through global memory. ``fuse_output=True`` computes
+``O_[c]`` inside the state pass instead: nothing stored, but that work then runs sequentially on
+only ``B·H·Dv/BV`` programs. Both are checked equal to the PyTorch form.
 
-Stored between stages (float32): ``W``, ``U`` ([B, H, T, D]), per-chunk states
-([B, H, T/C, Dk, Dv]) and ``U'``. Recomputed rather than stored: ``Q Kᵀ`` (stage 3 redoes the
-product instead of keeping ``C × C`` scores). ``T`` is not kept: the backward pass
+Two operand modes (``operands=``):
+
+* ``"float32"``: every tile is converted to float32 and every ``tl.dot`` takes float32 operands,
+  with ``input_precision`` ``"ieee"`` (true float32, matches the PyTorch form to float32 round-off;
+  no tensor cores), ``"tf32"`` (tensor cores, operands rounded to a 10-bit mantissa, errors ≈1e-3
+  relative) or ``"tf32x3"`` (most of float32's precision at three times tf32's cost). ``W``, ``U``,
+  the chunk states and ``U'`` are stored in float32. Default precision: ``"ieee"`` for float32
+  inputs, ``"tf32"`` for float16 ones.
+* ``"bfloat16"``, fla's design: bfloat16 operands into every ``tl.dot`` with float32
+  accumulation; the triangular solve, the state carried in registers and every accumulator
+  stay float32; ``W``, ``U``, the chunk states and ``U'`` are stored in bfloat16 (half the bytes).
+  Rounded to bfloat16, as in fla: 𝒯 before ``𝒯 K`` and ``𝒯 V`` (fla rounds its inverse and
+  ``diag(β) K``), the state before ``W S`` and before it is stored, ``U'`` before ``K ᵀ U'``, and
+  the masked scores before ``(Q Kᵀ ⊙ M) U'``. ``input_precision`` does not apply.
+
+Default (``operands=None``): ``"bfloat16"`` for bfloat16 inputs, ``"float32"`` for float32 and
+float16 inputs. In both modes ``o`` is written in the inputs' dtype and the final ``S`` is
+float32 (as in the PyTorch form). 𝒯 is not kept: the backward pass
 (:class:`_ChunkedFunction`) recomputes everything with the PyTorch form under autograd.
 
-Numerics: every tile is converted to float32 when loaded and all products accumulate in
-float32; ``o`` is written in the inputs' dtype, ``S`` is float32 (as in the PyTorch form).
-``input_precision`` is passed to every ``tl.dot``: ``"ieee"`` is true float32, so the GPU
-result matches the PyTorch form to float32 round-off (PyTorch's own float32 matmuls do not use
-tf32 unless told to); ``"tf32"`` uses tensor cores (operands rounded to a 10-bit mantissa: much
-faster, errors ≈1e-3 relative); ``"tf32x3"`` recovers most of the float32 precision at three
-times the tf32 cost. The default (``None``) is ``"ieee"`` for float32 inputs and ``"tf32"`` for
-float16/bfloat16 ones, whose values are exact in tf32 and whose output is rounded to 8 or 11
-bits anyway. Mind the cost of ``"ieee"`` on a GPU: no tensor cores, and at C = 64, D = 128 the
-stages spill registers (ptxas, sm_90); it is the mode for checking, tf32 the one for speed.
-The interpreter ignores the setting (its float32 products are exact IEEE).
+Under the Triton interpreter (CPU tensors) the inputs are cast to float32 on the host and the
+intermediates are float32 tensors: the interpreter's bfloat16 casts are silently wrong and numpy
+has no bfloat16 (:mod:`tinyk3.kernels.runtime`). The bfloat16 mode is then emulated exactly:
+:func:`tinyk3.kernels.runtime.to_operand` rounds each value to the nearest bfloat16 at the points
+listed above and the products run in float32, which for bfloat16 values is what the tensor cores
+compute up to the order of accumulation. ``input_precision`` is ignored there (its float32
+products are exact IEEE).
 
-Where it runs: CUDA tensors are compiled (``triton.JITFunction``); CPU tensors go through the
-Triton interpreter, chosen per call, so one process (a notebook, pytest) can do both and needs
-no ``TRITON_INTERPRET``; with ``TRITON_INTERPRET=1`` set before triton is imported, everything
-is interpreted, as usual. This is why the kernels call only Triton *builtins*: ``tl.full``
-rather than ``tl.zeros``, ``tl.reduce(x, 0, tl.standard._sum_combine)`` rather than
-``tl.sum(x, 0)``, ``//`` rather than ``tl.cdiv``. Those library helpers are themselves
-``@triton.jit`` functions, fixed as compiled or interpreted when triton is imported (and
-``transformers``, for one, imports triton). Under the interpreter the inputs are cast to
-float32 on the host first: its bfloat16 arithmetic is silently wrong (TOOLING.md).
+Where it runs, and why the kernels call only Triton builtins: :mod:`tinyk3.kernels.runtime`.
 
 Limits: ``chunk_size`` 16, 32 or 64 (``tl.dot`` needs tiles of at least 16); ``Dk, Dv ≤ 128``
 (any size: tiles are padded to a power of two ≥ 16 by masked loads, and zero columns change
@@ -78,18 +80,12 @@ addresses, so every load and store below carries a mask).
 
 from __future__ import annotations
 
-import functools
-import math
-import os
-import re
-import types
-from types import SimpleNamespace
-
 import torch
 
 from ..ops import delta_rule as _ops_delta_rule
 from ..ops._checks import check_beta, check_qkv, check_state
-from . import AVAILABLE, require_triton
+from . import runtime
+from .runtime import AVAILABLE, KernelSet, require_triton, tile_size, to_operand  # noqa: F401
 
 if AVAILABLE:
     import triton
@@ -98,22 +94,24 @@ else:  # the kernels below are plain functions until jitted; nothing here touche
     triton = tl = None
 
 __all__ = ["chunked", "forward_stages", "compile_for_gpu", "launch_config", "interpreter_only",
-           "cannot_compile_reason", "CHUNK_SIZES", "MAX_HEAD_DIM", "INPUT_PRECISIONS"]
+           "cannot_compile_reason", "CHUNK_SIZES", "MAX_HEAD_DIM", "INPUT_PRECISIONS", "OPERANDS",
+           "KERNELS"]
 
 CHUNK_SIZES = (16, 32, 64)
 MAX_HEAD_DIM = 128
 INPUT_PRECISIONS = ("ieee", "tf32", "tf32x3")
+OPERANDS = ("float32", "bfloat16")
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-# The kernels are kept as plain functions and jitted on first use, once for the GPU
-# (JITFunction) and once for the interpreter, so a CPU call and a CUDA call can share a process.
-_KERNEL_FNS: dict = {}
+# The kernels are plain functions, jitted on first use (once compiled, once interpreted).
+KERNELS = KernelSet("tinyk3.kernels.delta_rule")
+_kernel = KERNELS.kernel
+interpreter_only = runtime.interpreter_only
+cannot_compile_reason = runtime.cannot_compile_reason
 
 
-def _kernel(fn):
-    """Register a Triton kernel (what ``@triton.jit`` would decorate): see :func:`_kernels`."""
-    _KERNEL_FNS[fn.__name__] = fn
-    return fn
+def _kernels(interpret: bool):
+    return KERNELS.get(interpret)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,12 +121,14 @@ def _kernel(fn):
 @_kernel
 def _wy_kernel(
     k, v, beta,  # inputs: k [BH, T, Dk], v [BH, T, Dv], beta [BH, T] (contiguous)
-    w, u,  # outputs (float32): W [BH, T, Dk], U [BH, T, Dv]
+    w, u,  # outputs: W [BH, T, Dk], U [BH, T, Dv] (float32, or bfloat16 in the bf16 mode)
     T, Dk, Dv,
     BC: tl.constexpr,  # chunk size C (16, 32, 64)
     BK: tl.constexpr,  # block of Dk columns loaded at a time
     BV: tl.constexpr,  # block of Dv columns loaded at a time
-    PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee", "tf32", "tf32x3"
+    PRECISION: tl.constexpr,  # tl.dot input_precision of float32 operands: "ieee", "tf32", "tf32x3"
+    BF16: tl.constexpr,  # bfloat16 operands, float32 accumulation (fla's mode)
+    EMULATE: tl.constexpr,  # interpreter: bfloat16 emulated by rounding float32 (runtime.to_operand)
 ):
     # -- which chunk: program (i_c, i_bh) owns tokens i_c·C … i_c·C + C − 1 of head i_bh ----------
     i_c = tl.program_id(0)
@@ -138,51 +138,54 @@ def _wy_kernel(
     m_t = o_t < T  # the last chunk may be partial: rows with t ≥ T are padding
     b_beta = tl.load(beta + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32)  # β   [C]
 
-    # -- K Kᵀ, accumulated over Dk in blocks of BK: A_ij = k_i · k_j --------------------------------
-    b_A = tl.full([BC, BC], 0.0, tl.float32)  # tl.zeros, spelled with a builtin (module docstring)
+    # -- K Kᵀ, accumulated over Dk in blocks of BK: (K Kᵀ)_ij = k_i · k_j ---------------------------
+    b_L = tl.full([BC, BC], 0.0, tl.float32)  # tl.zeros, spelled with a builtin (runtime docstring)
     for i_k in range(0, (Dk + BK - 1) // BK):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < Dk  # columns past Dk load as 0 (padding to a power of two)
         p_k = k + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :]
-        b_k = tl.load(p_k, mask=m_t[:, None] & m_k[None, :], other=0.0).to(tl.float32)  # [C, BK]
-        b_A += tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+        b_k = to_operand(tl.load(p_k, mask=m_t[:, None] & m_k[None, :], other=0.0).to(tl.float32),
+                         BF16, EMULATE)  # [C, BK]
+        b_L += tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
 
-    # -- A = tril(diag(β) K Kᵀ, −1): scale row i by β_i, keep j < i ---------------------------------
-    b_A = tl.where(o_i[:, None] > o_i[None, :], b_beta[:, None] * b_A, 0.0)
+    # -- L = A − I = tril(diag(β) K Kᵀ, −1): scale row i by β_i, keep j < i -------------------------
+    b_L = tl.where(o_i[:, None] > o_i[None, :], b_beta[:, None] * b_L, 0.0)
 
-    # -- forward substitution for (I + A)⁻¹ = I + N, one row at a time, in registers --------------
-    # Row i of X = (I + A)⁻¹ solves Σ_j (I + A)_ij X_j = e_i:  X_i = e_i − Σ_{j<i} A_ij X_j,
-    # so N_i = X_i − e_i = −A_i − Σ_{j<i} A_ij N_j. Start from N = −A (row i still holds −A_i
+    # -- forward substitution for A⁻¹ = (I + L)⁻¹ = I + N, one row at a time, in registers --------
+    # Row i of X = A⁻¹ solves Σ_j A_ij X_j = e_i:  X_i = e_i − Σ_{j<i} L_ij X_j,
+    # so N_i = X_i − e_i = −L_i − Σ_{j<i} L_ij N_j. Start from N = −L (row i still holds −L_i
     # until step i overwrites it); rows j < i are final when row i is computed, and the terms
-    # with j ≥ i vanish because A_ij = 0 there. Row 0 is already final (N_0 = 0).
-    # (tl.reduce(x, 0, tl.standard._sum_combine) is tl.sum(x, 0), spelled with builtins: see the
-    # module docstring.)
-    b_N = -b_A
+    # with j ≥ i vanish because L_ij = 0 there. Row 0 is already final (N_0 = 0).
+    # (tl.reduce(x, 0, tl.standard._sum_combine) is tl.sum(x, 0), spelled with builtins.)
+    b_N = -b_L
     for i in range(1, BC):
-        b_a = tl.reduce(tl.where(o_i[:, None] == i, b_N, 0.0), 0, tl.standard._sum_combine)  # −A_i [C]
-        b_a = b_a + tl.reduce(b_a[:, None] * b_N, 0, tl.standard._sum_combine)  # −A_i − Σ_j A_ij N_j
+        b_a = tl.reduce(tl.where(o_i[:, None] == i, b_N, 0.0), 0, tl.standard._sum_combine)  # −L_i [C]
+        b_a = b_a + tl.reduce(b_a[:, None] * b_N, 0, tl.standard._sum_combine)  # −L_i − Σ_j L_ij N_j
         b_N = tl.where(o_i[:, None] == i, b_a[None, :], b_N)  # write row i back
-    # T = (I + N) diag(β): scale column j by β_j
-    b_T = (b_N + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)) * b_beta[None, :]  # [C, C]
+    # 𝒯 = (I + N) diag(β): scale column j by β_j (float32; rounded once for the products below)
+    b_UT = (b_N + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)) * b_beta[None, :]  # [C, C]
+    b_UT = to_operand(b_UT, BF16, EMULATE)
 
-    # -- W = T K  (block by block over Dk; K is reloaded rather than kept in registers) -----------
+    # -- W = 𝒯 K  (block by block over Dk; K is reloaded rather than kept in registers) -----------
     for i_k in range(0, (Dk + BK - 1) // BK):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < Dk
         m_tk = m_t[:, None] & m_k[None, :]
         p_k = k + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :]
-        b_k = tl.load(p_k, mask=m_tk, other=0.0).to(tl.float32)
-        b_w = tl.dot(b_T, b_k, input_precision=PRECISION)  # [C, BK]
-        tl.store(w + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], b_w, mask=m_tk)
+        b_k = to_operand(tl.load(p_k, mask=m_tk, other=0.0).to(tl.float32), BF16, EMULATE)
+        b_w = tl.dot(b_UT, b_k, input_precision=PRECISION)  # [C, BK], float32 accumulator
+        tl.store(w + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :],
+                 to_operand(b_w, BF16, EMULATE).to(w.dtype.element_ty), mask=m_tk)
 
-    # -- U = T V  (block by block over Dv) ----------------------------------------------------------
+    # -- U = 𝒯 V  (block by block over Dv) ----------------------------------------------------------
     for i_v in range(0, (Dv + BV - 1) // BV):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < Dv)
         p_v = v + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :]
-        b_v = tl.load(p_v, mask=m_tv, other=0.0).to(tl.float32)
-        b_u = tl.dot(b_T, b_v, input_precision=PRECISION)  # [C, BV]
-        tl.store(u + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :], b_u, mask=m_tv)
+        b_v = to_operand(tl.load(p_v, mask=m_tv, other=0.0).to(tl.float32), BF16, EMULATE)
+        b_u = tl.dot(b_UT, b_v, input_precision=PRECISION)  # [C, BV]
+        tl.store(u + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :],
+                 to_operand(b_u, BF16, EMULATE).to(u.dtype.element_ty), mask=m_tv)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,8 +194,8 @@ def _wy_kernel(
 
 @_kernel
 def _state_kernel(
-    q, k, w, u, s0,  # q, k [BH, T, Dk]; W [BH, T, Dk], U [BH, T, Dv] (float32); S_0 [BH, Dk, Dv]
-    o, states, u_new, s_out,  # O [BH, T, Dv]; S_c [BH, NT, Dk, Dv]; U' [BH, T, Dv]; S [BH, Dk, Dv]
+    q, k, w, u, s0,  # q, k [BH, T, Dk]; W [BH, T, Dk], U [BH, T, Dv]; S_0 [BH, Dk, Dv] (float32)
+    o, states, u_new, s_out,  # O [BH, T, Dv]; S_[c] [BH, NT, Dk, Dv]; U' [BH, T, Dv]; S (float32)
     T, Dk, Dv, NT,
     BC: tl.constexpr,  # chunk size C
     BK: tl.constexpr,  # all of Dk, padded to a power of two (the state's rows stay in registers)
@@ -200,6 +203,8 @@ def _state_kernel(
     HAS_S0: tl.constexpr,  # initial state given (else S_0 = 0)
     FUSE_OUTPUT: tl.constexpr,  # compute O here (no stored states) instead of in stage 3
     PRECISION: tl.constexpr,
+    BF16: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_bh = tl.cast(tl.program_id(1), tl.int64)
@@ -216,39 +221,42 @@ def _state_kernel(
         p_s0 = s0 + i_bh * Dk * Dv + o_k[:, None] * Dv + o_v[None, :]
         b_S += tl.load(p_s0, mask=m_kv, other=0.0).to(tl.float32)
 
-    for i_c in range(0, NT):  # the one sequential loop: chunk c needs S_c from chunk c − 1
+    for i_c in range(0, NT):  # the one sequential loop: chunk c needs S_[c] from chunk c − 1
         o_t = i_c * BC + o_i
         m_t = o_t < T
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
+        b_Sop = to_operand(b_S, BF16, EMULATE)  # S_[c] as an operand (bfloat16 in the bf16 mode)
 
-        if not FUSE_OUTPUT:  # keep S_c, the state chunk c starts from, for the output pass
+        if not FUSE_OUTPUT:  # keep S_[c], the state chunk c starts from, for the output pass
             p_h = states + (i_bh * NT + i_c) * Dk * Dv + o_k[:, None] * Dv + o_v[None, :]
-            tl.store(p_h, b_S, mask=m_kv)
+            tl.store(p_h, b_Sop.to(states.dtype.element_ty), mask=m_kv)
 
-        # -- U'_c = U_c − W_c S_c: what each token still has to write, given the state so far -----
+        # -- U'_[c] = U_[c] − W_[c] S_[c]: what each token still has to write, given the state ----
         b_w = tl.load(w + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk, other=0.0)
         b_u = tl.load(u + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :], mask=m_tv, other=0.0)
-        b_du = b_u - tl.dot(b_w, b_S, input_precision=PRECISION)  # [C, BV]
-        b_k = tl.load(k + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk,
-                      other=0.0).to(tl.float32)  # [C, BK]
+        b_w = to_operand(b_w.to(tl.float32), BF16, EMULATE)
+        b_du = b_u.to(tl.float32) - tl.dot(b_w, b_Sop, input_precision=PRECISION)  # [C, BV]
+        b_du = to_operand(b_du, BF16, EMULATE)  # stored, and the operand of K_[c]ᵀ U'_[c]
+        b_k = to_operand(tl.load(k + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk,
+                                 other=0.0).to(tl.float32), BF16, EMULATE)  # [C, BK]
 
         if FUSE_OUTPUT:
-            # -- O_c = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c, right here (see stage 3 for the same block) ---
-            b_q = tl.load(q + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk,
-                          other=0.0).to(tl.float32)
-            b_A = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)  # Q_c K_cᵀ     [C, C]
-            b_A = tl.where(o_i[:, None] >= o_i[None, :], b_A, 0.0)  # ⊙ M (j ≤ i)
-            b_o = tl.dot(b_q, b_S, input_precision=PRECISION)  # Q_c S_c            [C, BV]
-            b_o += tl.dot(b_A, b_du, input_precision=PRECISION)  # + (Q_c K_cᵀ ⊙ M) U'_c
+            # -- O_[c] = Q_[c] S_[c] + (Q_[c] K_[c]ᵀ ⊙ M) U'_[c], right here (as in stage 3) -------
+            b_q = to_operand(tl.load(q + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :],
+                                     mask=m_tk, other=0.0).to(tl.float32), BF16, EMULATE)
+            b_sc = tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)  # Q_[c] K_[c]ᵀ  [C, C]
+            b_sc = to_operand(tl.where(o_i[:, None] >= o_i[None, :], b_sc, 0.0), BF16, EMULATE)
+            b_o = tl.dot(b_q, b_Sop, input_precision=PRECISION)  # Q_[c] S_[c]         [C, BV]
+            b_o += tl.dot(b_sc, b_du, input_precision=PRECISION)  # + Ω_[c] U'_[c]
             p_o = o + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :]
             tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_tv)
         else:
             p_du = u_new + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :]
-            tl.store(p_du, b_du, mask=m_tv)
+            tl.store(p_du, b_du.to(u_new.dtype.element_ty), mask=m_tv)
 
-        # -- S_{c+1} = S_c + K_cᵀ U'_c (padded rows have k = 0 and U' = 0: no change) -------------
-        b_S += tl.dot(tl.trans(b_k), b_du, input_precision=PRECISION)  # [Dk, BV]
+        # -- S_[c+1] = S_[c] + K_[c]ᵀ U'_[c] (padded rows have k = 0 and U' = 0: no change) -------
+        b_S += tl.dot(tl.trans(b_k), b_du, input_precision=PRECISION)  # [Dk, BV], float32
 
     # -- the final state, float32 ------------------------------------------------------------------
     tl.store(s_out + i_bh * Dk * Dv + o_k[:, None] * Dv + o_v[None, :], b_S, mask=m_kv)
@@ -260,13 +268,15 @@ def _state_kernel(
 
 @_kernel
 def _output_kernel(
-    q, k, states, u_new,  # q, k [BH, T, Dk]; S_c [BH, NT, Dk, Dv]; U' [BH, T, Dv] (float32)
+    q, k, states, u_new,  # q, k [BH, T, Dk]; S_[c] [BH, NT, Dk, Dv]; U' [BH, T, Dv]
     o,  # output O [BH, T, Dv], the inputs' dtype
     T, Dk, Dv, NT,
     BC: tl.constexpr,
     BK: tl.constexpr,  # block of Dk columns per step of the reduction
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
+    BF16: tl.constexpr,
+    EMULATE: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -278,104 +288,36 @@ def _output_kernel(
     m_v = o_v < Dv
     m_tv = m_t[:, None] & m_v[None, :]
 
-    # -- Q_c S_c and Q_c K_cᵀ, both reductions over Dk, accumulated block by block -----------------
+    # -- Q_[c] S_[c] and Q_[c] K_[c]ᵀ, both reductions over Dk, accumulated block by block ---------
     b_o = tl.full([BC, BV], 0.0, tl.float32)
-    b_A = tl.full([BC, BC], 0.0, tl.float32)
+    b_sc = tl.full([BC, BC], 0.0, tl.float32)
     for i_k in range(0, (Dk + BK - 1) // BK):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < Dk
         m_tk = m_t[:, None] & m_k[None, :]
-        b_q = tl.load(q + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk,
-                      other=0.0).to(tl.float32)  # [C, BK]
-        b_k = tl.load(k + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk,
-                      other=0.0).to(tl.float32)  # [C, BK]
+        b_q = tl.load(q + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk, other=0.0)
+        b_k = tl.load(k + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk, other=0.0)
         p_h = states + (i_bh * NT + i_c) * Dk * Dv + o_k[:, None] * Dv + o_v[None, :]
-        b_h = tl.load(p_h, mask=m_k[:, None] & m_v[None, :], other=0.0)  # S_c rows   [BK, BV]
-        b_o += tl.dot(b_q, b_h, input_precision=PRECISION)  # Q_c S_c (inter-chunk)
-        b_A += tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)  # Q_c K_cᵀ
+        b_h = tl.load(p_h, mask=m_k[:, None] & m_v[None, :], other=0.0)  # S_[c] rows   [BK, BV]
+        b_q = to_operand(b_q.to(tl.float32), BF16, EMULATE)  # [C, BK]
+        b_k = to_operand(b_k.to(tl.float32), BF16, EMULATE)  # [C, BK]
+        b_h = to_operand(b_h.to(tl.float32), BF16, EMULATE)
+        b_o += tl.dot(b_q, b_h, input_precision=PRECISION)  # Q_[c] S_[c] (inter-chunk)
+        b_sc += tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)  # Q_[c] K_[c]ᵀ
 
-    # -- O_c = Q_c S_c + (Q_c K_cᵀ ⊙ M) U'_c ----------------------------------------------------------
-    b_A = tl.where(o_i[:, None] >= o_i[None, :], b_A, 0.0)  # causal mask M: j ≤ i
+    # -- O_[c] = Q_[c] S_[c] + Ω_[c] U'_[c],  Ω_[c] = Q_[c] K_[c]ᵀ ⊙ M --------------------------------
+    b_sc = tl.where(o_i[:, None] >= o_i[None, :], b_sc, 0.0)  # causal mask M: j ≤ i
+    b_sc = to_operand(b_sc, BF16, EMULATE)  # Ω_[c]
     b_du = tl.load(u_new + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :], mask=m_tv, other=0.0)
-    b_o += tl.dot(b_A, b_du, input_precision=PRECISION)  # intra-chunk
+    b_du = to_operand(b_du.to(tl.float32), BF16, EMULATE)
+    b_o += tl.dot(b_sc, b_du, input_precision=PRECISION)  # intra-chunk
     tl.store(o + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=m_tv)
 
 
 # ---------------------------------------------------------------------------------------------
-# Host side: jitting, block sizes, launches
+# Host side: block sizes, launches
 # ---------------------------------------------------------------------------------------------
-
-def _env_interpret() -> bool:
-    """``TRITON_INTERPRET`` as Triton reads it (``triton.knobs`` from 3.4, the variable before)."""
-    knobs = getattr(triton, "knobs", None)
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def _interpreting(device: torch.device) -> bool:
-    return device.type == "cpu" or _env_interpret() or interpreter_only()
-
-
-def interpreter_only() -> bool:
-    """True if this process can only interpret Triton kernels, not compile them: triton was
-    imported with ``TRITON_INTERPRET=1``, so its own library functions are interpreter objects."""
-    require_triton("tinyk3.kernels.delta_rule.interpreter_only")
-    return not isinstance(tl.standard._sum_combine, triton.JITFunction)
-
-
-_INTERPRETER_USED = False  # set by the first interpreted launch (see cannot_compile_reason)
-
-
-def cannot_compile_reason() -> str | None:
-    """Why this process cannot compile kernels for a GPU (``None`` if it can): triton was imported
-    with ``TRITON_INTERPRET=1``, or Triton < 3.6 has run the interpreter here (it leaves its
-    patches on ``triton.language`` in place; 3.6 restores them)."""
-    require_triton("tinyk3.kernels.delta_rule.cannot_compile_reason")
-    if interpreter_only():
-        return ("triton was imported with TRITON_INTERPRET=1, so this process can only interpret "
-                "kernels; compile in a process without it")
-    version = tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2])
-    if _INTERPRETER_USED and version < (3, 6):
-        return (f"Triton {triton.__version__} keeps the interpreter's patches after an interpreted "
-                "launch in this process; compile in a fresh process (or use Triton >= 3.6)")
-    return None
-
-
-def _interpreter_range(*bounds):
-    """``range`` for interpreted kernels. The interpreter hands runtime integers to a kernel as
-    one-element arrays; before Triton 3.7 it turned them into loop bounds with ``int(array)``,
-    which NumPy 2.4 refuses (only 0-d arrays convert). Compiled kernels use the builtin."""
-    return range(*(int(b.handle.data.reshape(-1)[0]) if hasattr(b, "handle") else int(b) for b in bounds))
-
-
-@functools.cache
-def _kernels(interpret: bool) -> SimpleNamespace:
-    """The kernels, jitted for the GPU (``interpret=False``: what ``@triton.jit`` builds when
-    ``TRITON_INTERPRET`` is unset) or wrapped for the interpreter (what it builds when set).
-
-    The interpreter's wrapper runs each kernel as rewritten Python in a copy of this module's
-    namespace (it adds its own helpers to the namespace it is given)."""
-    require_triton("tinyk3.kernels.delta_rule")
-    if not interpret:
-        return SimpleNamespace(**{name: triton.JITFunction(fn) for name, fn in _KERNEL_FNS.items()})
-    from triton.runtime.interpreter import InterpretedFunction
-
-    ns = dict(globals())
-    ns["range"] = _interpreter_range
-    wrapped = {}
-    for name, fn in _KERNEL_FNS.items():
-        copy = types.FunctionType(fn.__code__, ns, fn.__name__, fn.__defaults__, fn.__closure__)
-        copy.__annotations__, copy.__kwdefaults__ = dict(fn.__annotations__), fn.__kwdefaults__
-        wrapped[name] = InterpretedFunction(copy)
-    return SimpleNamespace(**wrapped)
-
-
-def _pow2(n: int) -> int:
-    """Tile size for a dimension of ``n``: a power of two, at least 16 (``tl.dot``'s minimum)."""
-    return max(16, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
-
 
 def launch_config(chunk_size: int, Dk: int, Dv: int) -> dict[str, dict]:
     """Tile sizes and launch options of each stage: ``{"wy"|"state"|"output": {BK, BV, num_warps,
@@ -386,18 +328,17 @@ def launch_config(chunk_size: int, Dk: int, Dv: int) -> dict[str, dict]:
     * ``wy`` and ``output``: Dk is walked in blocks of ``BK`` ≤ 64.
 
     Chosen by compiling for sm_90 without a GPU and reading ptxas' report (registers, spills,
-    shared memory), not by timing. With tf32 and four warps the state pass spills at
-    (C, D) = (32, 64), (64, 64) and (32, 128), and every stage spills at (64, 128); with eight
-    warps nothing spills for C in {16, 32, 64} and D in {64, 128}. So eight warps from
-    ``C · BK = 2048`` up (at (16, 128) four warps sit at 254 registers, eight at 222), four below.
-    BV = 32 with one pipeline stage keeps the state pass at 57 KB of shared memory, which
-    every GPU Triton supports can hold (two stages, which prefetch the next chunk's tiles during
-    the current one, need 106 KB: A100/H100 only). ``tools/gpu_check_kernels.py`` times the
-    alternatives on a real GPU.
+    shared memory), not by timing (chapter 9 prints these reports). With tf32 and four warps the
+    state pass spills at (C, D) = (32, 64), (64, 64) and (32, 128), and every stage spills at
+    (64, 128); with eight warps nothing spills for C in {16, 32, 64} and D in {64, 128}. So eight
+    warps from ``C · BK = 2048`` up, four below. BV = 32 with one pipeline stage keeps the state
+    pass under 64 KB of shared memory at C = 64, D = 128, which every GPU Triton supports can
+    hold (two stages, which prefetch the next chunk's tiles during the current one, need about
+    twice that: A100/H100 only). ``tools/gpu_check_kernels.py`` times the alternatives on a GPU.
     """
-    BK_full = _pow2(Dk)
+    BK_full = tile_size(Dk)
     BK = min(BK_full, 64)
-    BV_full = _pow2(Dv)
+    BV_full = tile_size(Dv)
     BV = min(BV_full, 32 if BK_full > 64 else 64)
     warps = 8 if chunk_size * BK_full >= 2048 else 4
     return {
@@ -407,38 +348,35 @@ def launch_config(chunk_size: int, Dk: int, Dv: int) -> dict[str, dict]:
     }
 
 
-def _validate(q, k, v, beta, chunk_size, initial_state, input_precision, fuse_output, op):
+def _validate(q, k, v, beta, chunk_size, initial_state, input_precision, fuse_output, operands, op):
+    """Check the inputs; return ``(input_precision, operands)`` with the defaults filled in."""
     B, H, T, Dk, Dv = check_qkv(q, k, v, op)
     check_beta(beta, B, H, T, q, op)
     if initial_state is not None:
         check_state(initial_state, (B, H, Dk, Dv), q, op, "initial_state")
     if q.dtype not in _KERNEL_DTYPES:
-        raise TypeError(f"{op}: the Triton kernel computes in float32 and takes float16, bfloat16 or "
-                        f"float32 inputs, got {q.dtype}; use tinyk3.ops.delta_rule.chunked for float64")
-    if isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"{op}: chunk_size must be one of {CHUNK_SIZES} (tl.dot tiles are at least 16 "
-                         f"and a power of two), got {chunk_size!r}")
+        raise TypeError(f"{op}: the Triton kernel takes float16, bfloat16 or float32 inputs "
+                        f"(it accumulates in float32), got {q.dtype}; use "
+                        "tinyk3.ops.delta_rule.chunked for float64")
+    runtime.check_choice(op, "chunk_size", chunk_size, CHUNK_SIZES,
+                         " (tl.dot tiles are at least 16 and a power of two)")
     if Dk > MAX_HEAD_DIM or Dv > MAX_HEAD_DIM or Dk < 1 or Dv < 1:
         raise ValueError(f"{op}: head dimensions must be 1..{MAX_HEAD_DIM} (the state block lives in "
                          f"registers), got Dk={Dk}, Dv={Dv}")
+    if operands is None:
+        operands = "bfloat16" if q.dtype == torch.bfloat16 else "float32"
+    runtime.check_choice(op, "operands", operands, OPERANDS + (None,))
     if input_precision is None:
         input_precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    if input_precision not in INPUT_PRECISIONS:
-        raise ValueError(f"{op}: input_precision must be one of {INPUT_PRECISIONS} or None, "
-                         f"got {input_precision!r}")
+    runtime.check_choice(op, "input_precision", input_precision, INPUT_PRECISIONS + (None,))
     if not isinstance(fuse_output, bool):
         raise TypeError(f"{op}: fuse_output must be a bool, got {type(fuse_output).__name__}")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{op}: tensors must be on a CUDA device (compiled) or the CPU (Triton "
-                         f"interpreter), got {q.device}")
-    T, C = q.shape[2], chunk_size
-    if B * H > 65535 or -(-T // C) > 65535:  # CUDA grids allow 65535 along their 2nd and 3rd axes
-        raise ValueError(f"{op}: at most 65535 heads (B·H = {B * H}) and 65535 chunks "
-                         f"(T / chunk_size = {-(-T // C)}) per call; split the call")
-    return input_precision
+    runtime.check_device(q, op)
+    runtime.check_grid(op, B * H, -(-T // chunk_size))
+    return input_precision, operands
 
 
-def _forward(q, k, v, beta, initial_state, chunk_size, input_precision, fuse_output,
+def _forward(q, k, v, beta, initial_state, chunk_size, input_precision, fuse_output, operands,
              return_stages=False, config=None):
     """Launch the stages. Inputs already validated. Returns ``(o, S)`` or a dict of all stages.
     ``config`` overrides :func:`launch_config` (for tuning on a GPU)."""
@@ -453,35 +391,36 @@ def _forward(q, k, v, beta, initial_state, chunk_size, input_precision, fuse_out
         if return_stages:
             return {"o": o, "S": S}
         return o, S
-    interpret = _interpreting(dev)
+    interpret = runtime.interpreting(dev)
     kern = _kernels(interpret)
-    if interpret:  # the interpreter's bfloat16 arithmetic is silently wrong: hand it float32
-        global _INTERPRETER_USED
-        _INTERPRETER_USED = True
+    bf16 = operands == "bfloat16"
+    if interpret:  # no bfloat16 in the interpreter: float32 tensors, bfloat16 emulated in-kernel
         q, k, v, beta = (t.to(f32) for t in (q, k, v, beta))
+    mid = torch.bfloat16 if bf16 and not interpret else f32  # dtype of W, U, S_[c], U'
     q, k, v, beta = (t.contiguous() for t in (q, k, v, beta))
     C, NT, BH = chunk_size, triton.cdiv(T, chunk_size), B * H
     cfg = config or launch_config(C, Dk, Dv)
     c1, c2, c3 = cfg["wy"], cfg["state"], cfg["output"]
+    mode = dict(BC=C, PRECISION=input_precision, BF16=bf16, EMULATE=interpret)
 
     # stage 1: W, U for every chunk of every head (grid: chunks × heads)
-    w = torch.empty(B, H, T, Dk, dtype=f32, device=dev)
-    u = torch.empty(B, H, T, Dv, dtype=f32, device=dev)
-    kern._wy_kernel[(NT, BH)](k, v, beta, w, u, T, Dk, Dv, BC=C, PRECISION=input_precision, **c1)
+    w = torch.empty(B, H, T, Dk, dtype=mid, device=dev)
+    u = torch.empty(B, H, T, Dv, dtype=mid, device=dev)
+    kern._wy_kernel[(NT, BH)](k, v, beta, w, u, T, Dk, Dv, **mode, **c1)
 
     # stage 2: the state pass (grid: Dv blocks × heads), from S_0 to S_T
     o = torch.empty(B, H, T, Dv, dtype=f32 if interpret else out_dtype, device=dev)
-    states = w if fuse_output else torch.empty(B, H, NT, Dk, Dv, dtype=f32, device=dev)
-    u_new = w if fuse_output else torch.empty(B, H, T, Dv, dtype=f32, device=dev)
+    states = w if fuse_output else torch.empty(B, H, NT, Dk, Dv, dtype=mid, device=dev)
+    u_new = w if fuse_output else torch.empty(B, H, T, Dv, dtype=mid, device=dev)
     s_final = torch.empty_like(S)  # (unused pointers get a placeholder tensor: never touched)
     kern._state_kernel[(triton.cdiv(Dv, c2["BV"]), BH)](
-        q, k, w, u, S, o, states, u_new, s_final, T, Dk, Dv, NT, BC=C,
-        HAS_S0=initial_state is not None, FUSE_OUTPUT=fuse_output, PRECISION=input_precision, **c2)
+        q, k, w, u, S, o, states, u_new, s_final, T, Dk, Dv, NT,
+        HAS_S0=initial_state is not None, FUSE_OUTPUT=fuse_output, **mode, **c2)
 
     # stage 3: the output pass (grid: Dv blocks × chunks × heads)
     if not fuse_output:
         kern._output_kernel[(triton.cdiv(Dv, c3["BV"]), NT, BH)](
-            q, k, states, u_new, o, T, Dk, Dv, NT, BC=C, PRECISION=input_precision, **c3)
+            q, k, states, u_new, o, T, Dk, Dv, NT, **mode, **c3)
     o = o.to(out_dtype)
     if return_stages:
         stages = {"w": w, "u": u, "o": o, "S": s_final}
@@ -493,14 +432,18 @@ def _forward(q, k, v, beta, initial_state, chunk_size, input_precision, fuse_out
 
 class _ChunkedFunction(torch.autograd.Function):
     """Forward: the Triton stages. Backward: recompute with the PyTorch chunked form under
-    autograd (:func:`tinyk3.ops.delta_rule.chunked`) and differentiate that. Correct and simple;
-    a production backward is its own set of kernels (fla's ``chunk_delta_rule_bwd``)."""
+    autograd (:func:`tinyk3.ops.delta_rule.chunked`) and differentiate that. Correct and simple,
+    but the gradients are then the PyTorch form's by construction: comparing them with
+    ``ops.delta_rule.chunked``'s gradients checks nothing about the kernels. A production backward
+    is its own set of kernels (fla's ``chunk_delta_rule_bwd``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, initial_state, chunk_size, input_precision, fuse_output):
+    def forward(ctx, q, k, v, beta, initial_state, chunk_size, input_precision, fuse_output,
+                operands):
         ctx.save_for_backward(q, k, v, beta, initial_state)
         ctx.chunk_size = chunk_size
-        return _forward(q, k, v, beta, initial_state, chunk_size, input_precision, fuse_output)
+        return _forward(q, k, v, beta, initial_state, chunk_size, input_precision, fuse_output,
+                        operands)
 
     @staticmethod
     def backward(ctx, do, dS):
@@ -516,7 +459,7 @@ class _ChunkedFunction(torch.autograd.Function):
                                                initial_state=inputs[4])
                 got = iter(torch.autograd.grad((o, S), wrt, (do, dS), allow_unused=True))
             grads = [next(got) if n and t is not None else None for t, n in zip(inputs, needs)]
-        return (*grads, None, None, None)
+        return (*grads, None, None, None, None)
 
 
 def chunked(
@@ -529,26 +472,31 @@ def chunked(
     initial_state: torch.Tensor | None = None,
     input_precision: str | None = None,
     fuse_output: bool = False,
+    operands: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunkwise DeltaNet in Triton; the contract of :func:`tinyk3.ops.delta_rule.chunked`.
 
     Returns ``(o [B, H, T, Dv] in the inputs' dtype, S [B, H, Dk, Dv] float32)``. CUDA tensors run
     compiled, CPU tensors under the Triton interpreter. Differentiable (the backward recomputes
-    with the PyTorch form). ``input_precision`` goes to every ``tl.dot`` (``"ieee"``: float32,
-    matches the PyTorch form; ``"tf32"``: tensor cores, ≈1e-3 relative; ``None``: ``"ieee"`` for
-    float32 inputs, ``"tf32"`` for half ones; see the module docstring). ``fuse_output`` computes
-    the output inside the sequential state pass instead of a separate parallel pass.
+    with the PyTorch form). ``operands``: ``"float32"`` or ``"bfloat16"`` (bfloat16 tiles into
+    every ``tl.dot``, float32 accumulation, W, U, S_[c], U' stored in bfloat16, as fla does);
+    ``None``: ``"bfloat16"`` for bfloat16 inputs, ``"float32"`` otherwise. ``input_precision``
+    (float32 operands only): ``"ieee"`` (exact), ``"tf32"`` (tensor cores, ≈1e-3 relative),
+    ``"tf32x3"``; ``None``: ``"ieee"`` for float32 inputs, ``"tf32"`` for float16. ``fuse_output``
+    computes the output inside the sequential state pass instead of a separate parallel pass.
     Raises :class:`tinyk3.kernels.TritonUnavailableError` if Triton is not installed.
     """
     op = "kernels.delta_rule.chunked"
     require_triton("tinyk3.kernels.delta_rule.chunked")
-    precision = _validate(q, k, v, beta, chunk_size, initial_state, input_precision, fuse_output, op)
-    return _ChunkedFunction.apply(q, k, v, beta, initial_state, chunk_size, precision, fuse_output)
+    precision, operands = _validate(q, k, v, beta, chunk_size, initial_state, input_precision,
+                                    fuse_output, operands, op)
+    return _ChunkedFunction.apply(q, k, v, beta, initial_state, chunk_size, precision, fuse_output,
+                                  operands)
 
 
 def forward_stages(
     q, k, v, beta, *, chunk_size=64, initial_state=None, input_precision=None, fuse_output=False,
-    config=None,
+    operands=None, config=None,
 ) -> dict[str, torch.Tensor]:
     """Run the forward stages and return what each one wrote, for checking them one at a time:
     ``w``, ``u`` ([B, H, T, D], stage 1), ``states`` ([B, H, T/C, Dk, Dv], the state each chunk
@@ -557,13 +505,11 @@ def forward_stages(
     launch options (the same dict shape), to try other block sizes."""
     op = "kernels.delta_rule.forward_stages"
     require_triton("tinyk3.kernels.delta_rule.forward_stages")
-    precision = _validate(q, k, v, beta, chunk_size, initial_state, input_precision, fuse_output, op)
+    precision, operands = _validate(q, k, v, beta, chunk_size, initial_state, input_precision,
+                                    fuse_output, operands, op)
     with torch.no_grad():
-        return _forward(q, k, v, beta, initial_state, chunk_size, precision, fuse_output,
+        return _forward(q, k, v, beta, initial_state, chunk_size, precision, fuse_output, operands,
                         return_stages=True, config=config)
-
-
-_TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def compile_for_gpu(
@@ -576,51 +522,45 @@ def compile_for_gpu(
     has_initial_state: bool = True,
     fuse_output: bool = False,
     input_precision: str = "ieee",
+    operands: str = "float32",
     config: dict | None = None,
 ) -> dict:
     """Compile the kernels for an NVIDIA GPU of compute capability ``arch`` (80: A100, 90: H100)
-    **without a GPU**: ``triton.compile`` with an explicit target runs the whole tool chain (Triton
-    IR → LLVM → PTX → the ptxas inside the Triton wheel → cubin), with the tiles and options
-    :func:`launch_config` gives (or ``config``). Returns ``{name: compiled}``; ``compiled.asm``
-    holds ``"ttir"``, ``"ttgir"``, ``"llir"``, ``"ptx"``, ``"cubin"``, and ``compiled.metadata``
-    the shared memory it needs (registers and spills: run ptxas ``-v`` on the PTX).
+    **without a GPU** (:func:`tinyk3.kernels.runtime.compile_kernel`), with the tiles and options
+    :func:`launch_config` gives (or ``config``), for inputs of ``dtype`` and the given
+    ``operands`` mode (the intermediates' pointers are bfloat16 in the bfloat16 mode). Returns
+    ``{name: compiled}``; ``compiled.asm`` holds ``"ttir"``, ``"ttgir"``, ``"llir"``, ``"ptx"``,
+    ``"cubin"``, ``compiled.metadata`` the shared memory it needs;
+    :func:`tinyk3.kernels.runtime.ptxas_report` gives registers and spills.
 
     Catches what the interpreter cannot: non-power-of-two tiles, dtype mismatches in ``tl.dot``,
     unsupported operations, and resource use on the real target.
     """
     require_triton("tinyk3.kernels.delta_rule.compile_for_gpu")
-    reason = cannot_compile_reason()
-    if reason:
-        raise RuntimeError(f"compile_for_gpu: {reason}")
-    import inspect
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    if dtype not in _TRITON_DTYPE or chunk_size not in CHUNK_SIZES or input_precision not in INPUT_PRECISIONS:
-        raise ValueError("compile_for_gpu: unsupported dtype, chunk_size or input_precision")
+    if (dtype not in _KERNEL_DTYPES or chunk_size not in CHUNK_SIZES
+            or input_precision not in INPUT_PRECISIONS or operands not in OPERANDS):
+        raise ValueError("compile_for_gpu: unsupported dtype, chunk_size, input_precision or operands")
     kern = _kernels(False)
     cfg = config or launch_config(chunk_size, Dk, Dv)
-    x, f32 = "*" + _TRITON_DTYPE[dtype], "*fp32"
-    common = {"BC": chunk_size, "PRECISION": input_precision}
+    bf16 = operands == "bfloat16"
+    x = runtime.pointer_type(dtype)
+    m = runtime.pointer_type(torch.bfloat16 if bf16 else torch.float32)
+    f32 = "*fp32"
+    mode = {"BC": chunk_size, "PRECISION": input_precision, "BF16": bf16, "EMULATE": False}
     specs = {
-        "_wy_kernel": (dict(k=x, v=x, beta=x, w=f32, u=f32, T="i32", Dk="i32", Dv="i32"),
-                       common, cfg["wy"]),
-        "_state_kernel": (dict(q=x, k=x, w=f32, u=f32, s0=f32, o=x, states=f32, u_new=f32, s_out=f32,
+        "_wy_kernel": (dict(k=x, v=x, beta=x, w=m, u=m, T="i32", Dk="i32", Dv="i32"),
+                       mode, cfg["wy"]),
+        "_state_kernel": (dict(q=x, k=x, w=m, u=m, s0=f32, o=x, states=m, u_new=m, s_out=f32,
                                T="i32", Dk="i32", Dv="i32", NT="i32"),
-                          dict(common, HAS_S0=has_initial_state, FUSE_OUTPUT=fuse_output), cfg["state"]),
+                          dict(mode, HAS_S0=has_initial_state, FUSE_OUTPUT=fuse_output), cfg["state"]),
     }
     if not fuse_output:
-        specs["_output_kernel"] = (dict(q=x, k=x, states=f32, u_new=f32, o=x, T="i32", Dk="i32",
-                                        Dv="i32", NT="i32"), common, cfg["output"])
-    # The constexpr keyword is ``constexprs`` from Triton 3.3, ``constants`` before.
-    key = "constexprs" if "constexprs" in inspect.signature(ASTSource).parameters else "constants"
-    target = GPUTarget("cuda", arch, 32)
+        specs["_output_kernel"] = (dict(q=x, k=x, states=m, u_new=m, o=x, T="i32", Dk="i32",
+                                        Dv="i32", NT="i32"), mode, cfg["output"])
     out = {}
     for name, (sig, constexprs, launch) in specs.items():
         constexprs = {**constexprs, "BK": launch["BK"], "BV": launch["BV"]}
-        signature = {**sig, **{c: "constexpr" for c in constexprs}}
-        src = ASTSource(fn=getattr(kern, name), signature=signature, **{key: constexprs})
-        options = {"num_warps": launch["num_warps"], "num_stages": launch["num_stages"]}
-        out[name] = triton.compile(src, target=target, options=options)
+        out[name] = runtime.compile_kernel(getattr(kern, name), sig, constexprs, arch=arch,
+                                           num_warps=launch["num_warps"],
+                                           num_stages=launch["num_stages"])
     return out

@@ -3,7 +3,7 @@
 Every mixer has one interface, so a model can swap them by configuration
 (:mod:`tinyk3.models`) and a chapter can compare them on the same model and data:
 
-    y, new_state = mixer(x, state=None)      x, y: [B, T, C]
+    y, new_state = mixer(x, state=None)      x, y: [B, T, d]
 
 ``state`` is everything needed to continue the sequence: run a prompt (prefill) with
 ``state=None``, then feed the returned state back with one token (decode) or a block of

@@ -32,7 +32,7 @@ def state_nbytes(state) -> int:
 
 class ConvState(NamedTuple):
     """The short convolutions' states: the last ``K − 1`` projected q, k and v, each
-    ``[B, C, K − 1]`` (:class:`~tinyk3.layers.ShortConvolution`)."""
+    ``[B, d, K − 1]`` (:class:`~tinyk3.layers.ShortConvolution`)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -40,10 +40,10 @@ class ConvState(NamedTuple):
 
 
 class Mixer(nn.Module):
-    """Base of the token mixers: ``y, new_state = mixer(x, state=None)``, ``x, y: [B, T, C]``.
+    """Base of the token mixers: ``y, new_state = mixer(x, state=None)``, ``x, y: [B, T, d]``.
 
-    Parameters: ``q_proj``, ``k_proj``, ``v_proj`` (each ``C → C`` with a bias), ``o_proj``
-    (``C → C``, back to the residual stream) and, with ``conv_size = K > 0``, ``q_conv``,
+    Parameters: ``q_proj``, ``k_proj``, ``v_proj`` (each ``d → d`` with a bias), ``o_proj``
+    (``d → d``, back to the residual stream) and, with ``conv_size = K > 0``, ``q_conv``,
     ``k_conv``, ``v_conv`` (:class:`~tinyk3.layers.ShortConvolution`, ``K`` taps, SiLU). The
     three input projections are separate tensors, so a checkpoint that stores them separately
     maps one to one; ``forward`` still runs them as one matmul over the concatenated weights
@@ -78,16 +78,16 @@ class Mixer(nn.Module):
             self.q_conv = ShortConvolution(d_model, conv_size, init=False)
             self.k_conv = ShortConvolution(d_model, conv_size, init=False)
             self.v_conv = ShortConvolution(d_model, conv_size, init=False)
-            init_jointly_([self.q_conv, self.k_conv, self.v_conv])  # as one [3C, 1, K] filter
+            init_jointly_([self.q_conv, self.k_conv, self.v_conv])  # as one [3d, 1, K] filter
 
     def forward(self, x: torch.Tensor, state=None):
-        """``x [B, T, C]`` and the state returned by the previous call → ``(y [B, T, C], new_state)``."""
+        """``x [B, T, d]`` and the state returned by the previous call → ``(y [B, T, d], new_state)``."""
         self._check_x(x)
         if state is not None and not isinstance(state, self.State):
             raise TypeError(f"{type(self).__name__}: the state must be the {self.State.__name__} "
                             f"this layer returned, got {type(state).__name__}")
         conv_state = None if state is None else state.conv
-        q, k, v, new_conv = self._qkv(x, conv_state)  # [B, H, T, D] each
+        q, k, v, new_conv = self.qkv(x, conv_state)  # [B, H, T, D] each
         y, fields = self._mix(q, k, v, x, state)  # y: [B, H, T, D]
         return self._merge(y), self.State(*fields, new_conv)
 
@@ -97,59 +97,60 @@ class Mixer(nn.Module):
     def _check_x(self, x: torch.Tensor) -> None:
         name = type(self).__name__
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: x must be a torch.Tensor [B, T, C], got {type(x).__name__}")
+            raise TypeError(f"{name}: x must be a torch.Tensor [B, T, d], got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"{name}: x must have shape [B, T, C={self.d_model}], got {tuple(x.shape)}")
+            raise ValueError(f"{name}: x must have shape [B, T, d={self.d_model}], got {tuple(x.shape)}")
         if x.shape[1] == 0:
             raise ValueError(f"{name}: x has no tokens (T = 0)")
 
     def project(self, x: torch.Tensor):
-        """``x [B, T, C]`` → the projections ``q, k, v``, each ``[B, T, C]`` (no convolution)."""
+        """``x [B, T, d]`` → the projections ``q, k, v``, each ``[B, T, d]`` (no convolution)."""
         sizes = [p.out_features for p in (self.q_proj, self.k_proj, self.v_proj)]
         return self._project_joint(x).split(sizes, dim=2)
 
     def _project_joint(self, x: torch.Tensor) -> torch.Tensor:
-        """``q, k, v`` side by side, ``[B, T, 3C]``: one matmul over the concatenated weights."""
+        """``q, k, v`` side by side, ``[B, T, 3d]``: one matmul over the concatenated weights."""
         projs = (self.q_proj, self.k_proj, self.v_proj)
-        weight = torch.cat([p.weight for p in projs])  # [3C, C]
+        weight = torch.cat([p.weight for p in projs])  # [3d, d]
         bias = torch.cat([p.bias for p in projs])
         return F.linear(x, weight, bias)
 
-    def _qkv(self, x: torch.Tensor, conv_state: ConvState | None = None):
-        """``x [B, T, C]`` → ``q, k, v``, each ``[B, H, T, D]``, and the new convolution state.
+    def qkv(self, x: torch.Tensor, conv_state: ConvState | None = None):
+        """``x [B, T, d]`` → ``q, k, v``, each ``[B, H, T, D]``, and the new convolution state.
 
         With a short convolution, each of q, k, v goes through its own
         :class:`~tinyk3.layers.ShortConvolution` (SiLU included), continuing from
         ``conv_state``; the three run as one call
         (:func:`~tinyk3.layers.conv.short_convolutions`). Without one, the new convolution
-        state is ``None``.
+        state is ``None``. Public so that a chapter can read the keys and queries a layer
+        forms (before the mixer's feature map or normalisation) from the layer's input.
         """
-        B, T, C = x.shape
+        B, T, d = x.shape
         H, D = self.n_head, self.head_dim
         if not self.conv_size:
             if conv_state is not None:
                 raise ValueError(f"{type(self).__name__}: this layer has no convolution, "
                                  "but the state holds a convolution state")
-            q, k, v = self.project(x)  # 3 × [B, T, C]
+            q, k, v = self.project(x)  # 3 × [B, T, d]
             new_conv = None
         else:
             if conv_state is not None and not isinstance(conv_state, ConvState):
                 raise TypeError(f"{type(self).__name__}: state.conv must be the ConvState this "
                                 f"layer returned, got {type(conv_state).__name__}")
-            p = self._project_joint(x)  # [B, T, 3C]
+            p = self._project_joint(x)  # [B, T, 3d]
             convs = (self.q_conv, self.k_conv, self.v_conv)
             p, states = short_convolutions(convs, p, conv_state)  # each conv on its block
             new_conv = ConvState(*states)
-            q, k, v = p.split(C, dim=2)  # 3 × [B, T, C]
+            q, k, v = p.split(d, dim=2)  # 3 × [B, T, d]
         q = q.reshape(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
         k = k.reshape(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
         v = v.reshape(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
         return q, k, v, new_conv
 
     def _merge(self, y: torch.Tensor) -> torch.Tensor:
-        """Heads ``[B, H, T, D]`` → ``[B, T, C]``, then the output projection."""
+        """Heads ``[B, H, T, D]`` → ``[B, T, d]``, then the output projection."""
         B, H, T, D = y.shape
-        y = y.transpose(1, 2).contiguous().view(B, T, H * D)  # [B, T, C]
+        y = y.transpose(1, 2).contiguous().view(B, T, H * D)  # [B, T, d]
         return self.o_proj(y)
 
     def state_nbytes(self, state) -> int:
@@ -157,7 +158,7 @@ class Mixer(nn.Module):
         return state_nbytes(state)
 
     def _conv_numel(self, batch_size: int) -> int:
-        """Numbers in the convolutions' state: ``B · 3C · (K − 1)``."""
+        """Numbers in the convolutions' state: ``B · 3d · (K − 1)``."""
         return batch_size * 3 * self.d_model * max(self.conv_size - 1, 0)
 
     def extra_repr(self) -> str:

@@ -97,7 +97,7 @@ def init_jointly_(convs: list[ShortConvolution]) -> None:
 
     The draws are those of a single ``nn.Conv1d`` over all channels (the whole weight, then the
     whole bias), split among the modules. The mixers use it for q, k and v, so a model keeps the
-    random stream, and so the numbers, of the fused ``[3C, 1, K]`` convolution the library had
+    random stream, and so the numbers, of the fused ``[3d, 1, K]`` convolution the library had
     before the projections were separated.
     """
     K = convs[0].kernel_size
@@ -125,7 +125,7 @@ def short_convolutions(convs, x: torch.Tensor, states=None):
     them), ``states``: one state per convolution or ``None``. Returns ``y`` of ``x``'s shape
     and the new states, one per convolution: what calling each module on its block gives (to
     rounding), computed by one depthwise convolution over all the channels. The mixers use it
-    so that a model's numbers stay, to the bit, those of the fused ``[3C, 1, K]`` convolution
+    so that a model's numbers stay, to the bit, those of the fused ``[3d, 1, K]`` convolution
     the library had before the projections were separated.
     """
     convs = list(convs)

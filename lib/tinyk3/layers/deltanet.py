@@ -86,5 +86,5 @@ class DeltaNetConfig(MixerSpec):
     module: ClassVar[type] = DeltaNet
 
     def num_parameters(self, d_model: int) -> int:
-        """The shared count, plus ``W_β``: ``C·H + H``."""
+        """The shared count, plus ``W_β``: ``d·H + H``."""
         return super().num_parameters(d_model) + d_model * self.n_head + self.n_head

@@ -41,6 +41,6 @@ class GeluMLPConfig(MLPSpec):
     module: ClassVar[type] = MLP
 
     def num_parameters(self, d_model: int) -> int:
-        """``c_fc`` and ``c_proj`` with biases: ``2rC² + rC + C``."""
-        C, r = d_model, self.ratio
-        return 2 * r * C * C + r * C + C
+        """``c_fc`` and ``c_proj`` with biases: ``2rd² + rd + d``."""
+        d, r = d_model, self.ratio
+        return 2 * r * d * d + r * d + d

@@ -59,10 +59,10 @@ class MixerSpec:
         return self.module(d_model, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
     def num_parameters(self, d_model: int) -> int:
-        """Parameters by formula: q, k, v and output projections ``4C² + 4C``; a short
-        convolution of ``K = conv_size`` taps on q, k and v, ``3C·K + 3C``."""
-        C, K = d_model, getattr(self, "conv_size", 0)
-        return 4 * C * C + 4 * C + (3 * C * K + 3 * C if K else 0)
+        """Parameters by formula: q, k, v and output projections ``4d² + 4d``; a short
+        convolution of ``K = conv_size`` taps on q, k and v, ``3d·K + 3d``."""
+        d, K = d_model, getattr(self, "conv_size", 0)
+        return 4 * d * d + 4 * d + (3 * d * K + 3 * d if K else 0)
 
 
 class MLPSpec:

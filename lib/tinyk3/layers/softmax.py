@@ -30,7 +30,7 @@ class SoftmaxAttention(Mixer):
     State: :class:`KVState` ``(k, v, conv)``, the keys and values of every token so far.
     New tokens' keys and values are appended (a new tensor; the old state is untouched) and the
     new queries see the whole cache through a bottom-right causal mask.
-    Size: ``2·B·H·T·D = 2·B·T·C`` numbers, growing with T (:meth:`state_numel`).
+    Size: ``2·B·H·T·D = 2·B·T·d`` numbers, growing with T (:meth:`state_numel`).
     """
 
     State = KVState

@@ -24,19 +24,19 @@ def count_parameters(config) -> ParameterCount:
 
     ``total`` equals ``sum(p.numel() for p in model.parameters())`` exactly
     (``tests/test_models.py`` checks it at several configurations). Per block: two LayerNorms
-    ``4C``, the mixer (its configuration's ``num_parameters``: q, k, v and output projections
-    ``4C² + 4C``, DeltaNet's ``W_β`` ``C·H + H``, a short convolution ``3C·K + 3C``) and the MLP
-    (GPT-2's: ``2rC² + rC + C``). Plus the token embedding ``V·C`` (the head reuses it),
-    positions ``P·C`` if learned, and the final LayerNorm ``2C``. With softmax attention and
-    ``r = 4`` a block is GPT-2's ``12C² + 13C``. A :class:`tinyk3.gpt2.GPTConfig` is accepted too.
+    ``4d``, the mixer (its configuration's ``num_parameters``: q, k, v and output projections
+    ``4d² + 4d``, DeltaNet's ``W_β`` ``d·H + H``, a short convolution ``3d·K + 3d``) and the MLP
+    (GPT-2's: ``2rd² + rd + d``). Plus the token embedding ``V·d`` (the head reuses it),
+    positions ``P·d`` if learned, and the final LayerNorm ``2d``. With softmax attention and
+    ``r = 4`` a block is GPT-2's ``12d² + 13d``. A :class:`tinyk3.gpt2.GPTConfig` is accepted too.
     """
     if isinstance(config, GPTConfig):
         config = config_from_gpt(config)
     if not isinstance(config, LMConfig):
         raise TypeError(f"count_parameters: expected an LMConfig or a GPTConfig, "
                         f"got {type(config).__name__}")
-    C = config.n_embd
-    total = config.vocab_size * C + (config.block_size * C if config.pos_emb else 0) + 2 * C
+    d = config.n_embd
+    total = config.vocab_size * d + (config.block_size * d if config.pos_emb else 0) + 2 * d
     for mixer, mlp in zip(config.layer_mixers, config.layer_mlps):
-        total += 4 * C + mixer.num_parameters(C) + mlp.num_parameters(C)
+        total += 4 * d + mixer.num_parameters(d) + mlp.num_parameters(d)
     return ParameterCount(total, total)

@@ -2,7 +2,7 @@
 :class:`tinyk3.gpt2.GPT` (chapter 1's model) or from ``transformers``.
 
 The LM has separate ``q_proj``, ``k_proj``, ``v_proj`` where GPT-2 has one ``c_attn`` of
-``[3C, C]`` (q, then k, then v), and ``o_proj`` for GPT-2's ``attn.c_proj``; every other name
+``[3d, d]`` (q, then k, then v), and ``o_proj`` for GPT-2's ``attn.c_proj``; every other name
 is GPT-2's. ``tests/test_models.py`` checks that the logits are equal.
 """
 

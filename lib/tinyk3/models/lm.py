@@ -63,11 +63,11 @@ class Block(nn.Module):
 
     def __init__(self, config: LMConfig, layer: int):
         super().__init__()
-        C = config.n_embd
-        self.ln_1 = nn.LayerNorm(C, eps=config.layer_norm_eps)
-        self.attn = config.layer_mixers[layer].build(C)
-        self.ln_2 = nn.LayerNorm(C, eps=config.layer_norm_eps)
-        self.mlp = config.layer_mlps[layer].build(C)
+        d = config.n_embd
+        self.ln_1 = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.attn = config.layer_mixers[layer].build(d)
+        self.ln_2 = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.mlp = config.layer_mlps[layer].build(d)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, state=None):
@@ -146,10 +146,10 @@ class LM(nn.Module):
         if idx.min() < 0 or idx.max() >= vocab:
             raise ValueError(f"token ids must lie in [0, {vocab}), got [{idx.min()}, {idx.max()}]")
 
-        x = self.transformer.wte(idx)  # [B, T, C]
+        x = self.transformer.wte(idx)  # [B, T, d]
         if self.config.pos_emb:
             pos = torch.arange(start, start + T, device=idx.device)  # [T]
-            x = x + self.transformer.wpe(pos)  # [B, T, C]
+            x = x + self.transformer.wpe(pos)  # [B, T, d]
         x = self.transformer.drop(x)
         new_states = []
         for i, block in enumerate(self.transformer.h):

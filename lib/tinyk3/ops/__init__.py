@@ -7,11 +7,11 @@
 
 No operator scales or normalises q and k itself; the layers in :mod:`tinyk3.layers` do.
 
-Every ``chunked`` form shares :mod:`tinyk3.ops._chunks`: the chunk-size check, the zero-padded
+Every ``chunked`` form shares :mod:`tinyk3.ops.chunks`: the chunk-size check, the zero-padded
 chunk layout ``[B, H, N, C, ...]``, the initial state (zeros, or checked and cast to the
 accumulation dtype) and the in-place exclusive scan over chunks.
 """
 
-from . import delta_rule, feature_maps, linear_attention, wy
+from . import chunks, delta_rule, feature_maps, linear_attention, wy
 
-__all__ = ["linear_attention", "delta_rule", "feature_maps", "wy"]
+__all__ = ["linear_attention", "delta_rule", "feature_maps", "wy", "chunks"]

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_beta, check_qkv
-from ._chunks import chunk_size as check_chunk_size
-from ._chunks import from_chunks, to_chunks
-from ._chunks import initial_state as initial_state_
+from .chunks import chunk_size as check_chunk_size
+from .chunks import from_chunks, to_chunks
+from .chunks import initial_state as initial_state_
 
 __all__ = ["recurrent", "parallel", "chunked", "wy_stage", "state_pass"]
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_qkv
-from ._chunks import chunk_size as check_chunk_size
-from ._chunks import exclusive_scan_, from_chunks, to_chunks
-from ._chunks import initial_state as initial_state_
+from .chunks import chunk_size as check_chunk_size
+from .chunks import exclusive_scan_, from_chunks, to_chunks
+from .chunks import initial_state as initial_state_
 
 __all__ = ["recurrent", "parallel", "chunked"]
 
@@ -128,7 +128,7 @@ def chunked(
 
     The states ``S_[c]`` are an exclusive prefix sum of the per-chunk ``K_[c]ᵀ V_[c]``: every
     product is computed at once (one batched product), the sum runs over the chunks in place
-    (:func:`tinyk3.ops._chunks.exclusive_scan_`, one ``Dk × Dv`` addition per chunk), and every
+    (:func:`tinyk3.ops.chunks.exclusive_scan_`, one ``Dk × Dv`` addition per chunk), and every
     chunk's output is again computed at once. ``O(T C D + T D²)`` work in matrix products.
     ``C = 1`` is the recurrence, ``C ≥ T`` the parallel form.
     """

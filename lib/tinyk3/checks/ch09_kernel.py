@@ -1,6 +1,7 @@
-"""Chapter 9 exercises: what one program of the Triton kernel does, written in PyTorch (so they
-need no Triton): the addresses and mask of a chunk's tile, and the state pass for one block of
-the state's columns."""
+"""Chapter 9 exercises: what one program of the Triton kernel does. Two in PyTorch (they need no
+Triton): the addresses and mask of a chunk's tile, and the state pass for one block of the
+state's columns. One in Triton: the output stage, checked under the Triton interpreter by
+:func:`check_output_kernel`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import wy as wy_ops
-from .core import Case, Exercise, Mistake, register
+from .core import Case, CheckResult, Exercise, Mistake, register, run, wrap_report
+
+# triton.language, set by check_output_kernel when Triton is there (importing tinyk3.checks does
+# not import Triton); the solution kernel below reads it when the interpreter runs it
+tl = None
 
 # -- kernel.tile_offsets --------------------------------------------------------------------------
 
@@ -204,3 +209,199 @@ register(Exercise(
          "(the last may be short): store S; du = u[r, cols] − w[r] @ S; S = S + k[r].T @ du. Return "
          "(torch.stack(states), torch.cat(deltas), S).",
 ))
+
+# -- kernel.output_stage: a Triton kernel, run under the interpreter -----------------------------
+#
+# The learner writes the body of a Triton kernel (a plain function, as chapter 9 writes
+# ``scaled_kkt_kernel``; a ``@triton.jit`` one is accepted too). ``check_output_kernel`` launches
+# it under the Triton interpreter on the cases below and compares with the PyTorch reference:
+#
+#     output_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC, BK, BV)   grid (NT, B·H)
+#     O_[c] = Q_[c] S_[c] + (Q_[c] K_[c]ᵀ ⊙ M) U'_[c],   M: j ≤ i
+#
+# Every tensor is placed inside a larger buffer filled with NaN, so a load without a mask that
+# runs past the end (or before the start) reads NaN instead of unknown memory, and a store
+# without a mask lands in the margin of ``o``, where the launcher sees it.
+
+_MARGIN = 4096  # elements of NaN before and after every tensor handed to the learner's kernel
+
+
+def output_stage(q, k, states, u_new, C):
+    """Reference: ``O_[c] = Q_[c] S_[c] + (Q_[c] K_[c]ᵀ ⊙ M) U'_[c]`` for every chunk ``c`` of
+    ``C`` tokens. ``q, k [BH, T, Dk]``, ``states [BH, N, Dk, Dv]`` (the state each chunk starts
+    from), ``u_new [BH, T, Dv]``; returns ``o [BH, T, Dv]`` (float32)."""
+    BH, T, Dk = q.shape
+    N, pad = -(-T // C), -T % C
+    qc, kc, uc = (F.pad(x, (0, 0, 0, pad)).view(BH, N, C, -1) for x in (q, k, u_new))
+    M = torch.ones(C, C, dtype=torch.bool).tril()
+    scores = (qc @ kc.mT).masked_fill(~M, 0.0)  # Ω_[c]
+    o = qc @ states + scores @ uc
+    return o.reshape(BH, N * C, -1)[:, :T]
+
+
+def _output_variant(*, mask=lambda C: torch.ones(C, C, dtype=torch.bool).tril(), state="own",
+                    nan_u_past_T=False):
+    """A wrong output stage, computed in PyTorch the way the wrong kernel computes it."""
+
+    def fn(q, k, states, u_new, C):
+        BH, T, Dk = q.shape
+        N, pad = -(-T // C), -T % C
+        if state == "first":  # every chunk reads S_[0]
+            s = states[:, :1].expand_as(states)
+        elif state == "previous":  # chunk c reads the state at (bh·N + c − 1): S_[c−1], one back
+            flat = torch.cat([torch.full_like(states[:1, 0], float("nan"))[None],
+                              states.reshape(1, BH * N, *states.shape[2:])], dim=1)
+            s = flat[0, : BH * N].view_as(states)
+        else:
+            s = states
+        qc, kc, uc = (F.pad(x, (0, 0, 0, pad)).view(BH, N, C, -1) for x in (q, k, u_new))
+        if nan_u_past_T and pad:  # U' loaded without a row mask: the last head's rows t ≥ T are NaN
+            uc = uc.clone()
+            uc[-1, -1, C - pad:] = float("nan")
+        m = mask(C)
+        o = qc @ s + (qc @ kc.mT).masked_fill(~m, 0.0) @ uc
+        return o.reshape(BH, N * C, -1)[:, :T]
+
+    return fn
+
+
+def _output_cases(g: torch.Generator) -> list[Case]:
+    def case(BH, T, Dk, Dv, C, label):
+        N = -(-T // C)
+        q = torch.randn(BH, T, Dk, generator=g)
+        k = F.normalize(torch.randn(BH, T, Dk, generator=g), dim=-1)
+        states = torch.randn(BH, N, Dk, Dv, generator=g)
+        u_new = torch.randn(BH, T, Dv, generator=g)
+        return Case((q, k, states, u_new, C), label=f"B·H={BH}, T={T}, Dk={Dk}, Dv={Dv}, C={C}: {label}")
+
+    return [
+        case(1, 16, 16, 16, 16, "one whole chunk, nothing masked"),
+        case(2, 64, 16, 32, 16, "four whole chunks, two heads: each chunk its own state"),
+        case(2, 37, 16, 16, 16, "the last chunk has 5 tokens"),
+        case(3, 50, 20, 12, 16, "Dk = 20 and Dv = 12 padded to 32 and 16, last chunk partial"),
+        case(2, 70, 32, 24, 32, "C = 32, the last chunk has 6 tokens"),
+    ]
+
+
+def _launch_output(kernel):
+    """The learner's kernel as a function of a case's arguments: launched under the interpreter
+    with tensors inside NaN margins; raises (so the check reports it) if it stored outside ``o``."""
+
+    def launch(q, k, states, u_new, C):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        from ..kernels.runtime import tile_size
+
+        BH, T, Dk = q.shape
+        Dv, N = u_new.shape[-1], states.shape[1]
+        bufs = []
+
+        def placed(x):  # x's values in the middle of a NaN buffer, as a contiguous view
+            buf = torch.full((2 * _MARGIN + x.numel(),), float("nan"))
+            view = buf[_MARGIN:_MARGIN + x.numel()].view(x.shape)
+            view.copy_(x)
+            bufs.append(buf)
+            return view
+
+        q_, k_, s_, u_ = (placed(x.float().contiguous()) for x in (q, k, states, u_new))
+        o_buf = torch.full((2 * _MARGIN + BH * T * Dv,), float("nan"))
+        o = o_buf[_MARGIN:_MARGIN + BH * T * Dv].view(BH, T, Dv)
+        fn = getattr(kernel, "fn", kernel)  # a @triton.jit function: its Python function
+        try:
+            InterpretedFunction(fn)[(N, BH)](q_, k_, s_, u_, o, T, Dk, Dv, N, BC=C,
+                                             BK=tile_size(Dk), BV=tile_size(Dv))
+        except Exception as exc:  # the interpreter wraps errors: an unwritten stub stays one
+            if isinstance(exc.__cause__, NotImplementedError):
+                raise NotImplementedError from exc
+            raise
+        outside = int((~torch.isnan(o_buf[:_MARGIN])).sum() + (~torch.isnan(o_buf[-_MARGIN:])).sum())
+        if outside:
+            raise RuntimeError(
+                f"your kernel stored {outside} values outside o (past its last row or before its "
+                "first): the store needs the mask m_t[:, None] & m_v[None, :], so that the padded "
+                "rows t ≥ T of the last chunk and the padded columns d ≥ Dv are not written")
+        return o.clone()
+
+    return launch
+
+
+_OUTPUT_EXERCISE = register(Exercise(
+    id="kernel.output_stage",
+    title="the output stage as a Triton kernel",
+    signature="output_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr, "
+              "BK: tl.constexpr, BV: tl.constexpr), one program per (chunk, head); checked with "
+              "checks.ch09_kernel.check_output_kernel(output_kernel)",
+    reference=output_stage,
+    make_cases=_output_cases,
+    chapter=9,
+    atol=1e-4,
+    rtol=1e-4,
+    mistakes=[
+        Mistake("no_causal_mask", _output_variant(mask=lambda C: torch.ones(C, C, dtype=torch.bool)),
+                "every token of the chunk sees the later ones: keep only j ≤ i of Q_[c] K_[c]ᵀ, "
+                "tl.where(o_i[:, None] >= o_i[None, :], scores, 0.0), before the product with U'."),
+        Mistake("strict_mask", _output_variant(mask=lambda C: torch.ones(C, C, dtype=torch.bool).tril(-1)),
+                "your mask drops the diagonal: o_t reads the state after token t has written, so "
+                "j = i belongs in the mask (>=, not >)."),
+        Mistake("first_state_every_chunk", _output_variant(state="first"),
+                "every chunk uses S_[0]: the state of chunk i_c starts at "
+                "states + (i_bh·NT + i_c)·Dk·Dv; you left out i_c."),
+        Mistake("previous_chunk_state", _output_variant(state="previous"),
+                "your state is one chunk behind: chunk c needs S_[c], the state it starts from, at "
+                "index i_bh·NT + i_c of states (not i_c − 1; the state pass stored S_[c] before "
+                "updating it)."),
+        Mistake("u_new_without_row_mask", _output_variant(nan_u_past_T=True),
+                "the padded rows t ≥ T of U' are loaded without a mask: the causal mask zeroes "
+                "their scores, but 0 · NaN (or 0 · inf) is NaN. Load U' with mask=m_t[:, None] & "
+                "m_v[None, :] and other=0.0."),
+    ],
+    hint="o_t = i_c·BC + o_i; load Q_[c], K_[c] ([BC, BK]), S_[c] from states + (i_bh·NT + i_c)·Dk·Dv "
+         "+ o_k[:, None]·Dv + o_v[None, :] ([BK, BV]) and U'_[c] ([BC, BV]), each masked with "
+         "other=0.0; o = tl.dot(q, S) + tl.dot(tl.where(o_i[:, None] >= o_i[None, :], "
+         "tl.dot(q, tl.trans(k)), 0.0), u); store with mask m_t[:, None] & m_v[None, :].",
+))
+
+
+def check_output_kernel(kernel, *, verbose: bool = True) -> CheckResult:
+    """Run the learner's output-stage kernel under the Triton interpreter on every case of
+    ``kernel.output_stage`` and report (case, distance, hint), as :func:`tinyk3.checks.run` does.
+    Never raises because of the kernel (a compile error, NaN, a store outside ``o`` are reported);
+    without Triton it reports that and how to install it."""
+    from ..kernels import runtime
+
+    if not runtime.AVAILABLE:
+        report = (f"○ {_OUTPUT_EXERCISE.id} ({_OUTPUT_EXERCISE.title}): not run: it needs Triton "
+                  f"({runtime.REASON}). Install it with `pip install triton` (Linux); the kernel "
+                  "then runs under the Triton interpreter on the CPU.")
+        if verbose:
+            print(wrap_report(report))
+        return CheckResult(_OUTPUT_EXERCISE.id, "error", report=report)
+    global tl
+    import triton.language as tl  # noqa: F811 (the module's name for the solution kernel)
+
+    if not callable(kernel):
+        return run(_OUTPUT_EXERCISE.id, kernel, verbose=verbose)
+    return run(_OUTPUT_EXERCISE.id, _launch_output(kernel), verbose=verbose)
+
+
+def output_kernel_solution(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr,
+                           BK: tl.constexpr, BV: tl.constexpr):
+    """A solution of ``kernel.output_stage`` (what the tests and the chapter check against)."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    o_i = tl.arange(0, BC)
+    o_t = i_c * BC + o_i
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_t, m_k, m_v = o_t < T, o_k < Dk, o_v < Dv
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_tv = m_t[:, None] & m_v[None, :]
+    b_q = tl.load(q + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk, other=0.0)
+    b_k = tl.load(k + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :], mask=m_tk, other=0.0)
+    p_s = states + (i_bh * NT + i_c) * Dk * Dv + o_k[:, None] * Dv + o_v[None, :]
+    b_s = tl.load(p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)  # S_[c]
+    b_u = tl.load(u_new + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :], mask=m_tv, other=0.0)
+    b_sc = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")  # Q_[c] K_[c]ᵀ
+    b_sc = tl.where(o_i[:, None] >= o_i[None, :], b_sc, 0.0)  # Ω_[c] = ... ⊙ M
+    b_o = tl.dot(b_q, b_s, input_precision="ieee") + tl.dot(b_sc, b_u, input_precision="ieee")
+    tl.store(o + i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :], b_o, mask=m_tv)

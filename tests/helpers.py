@@ -1,4 +1,5 @@
-"""How the chapters' hand-written learner answers are checked (tests/test_checks_chNN.py).
+"""What the tests share: model and cache feeding, and how the chapters' hand-written learner
+answers are checked (tests/test_checks_chNN.py).
 
 Each chapter file lists ``REALISTIC`` answers ``(exercise_id, fn, mistake name or None)``, coded
 the way a learner would get them wrong, and ``CORRECT`` ones written differently from the
@@ -7,7 +8,40 @@ reference; the assertions on what ``checks.run`` reports live here, once.
 
 from __future__ import annotations
 
+import torch
+
 from tinyk3 import checks
+
+# -- models and caches ---------------------------------------------------------------------------
+
+def random_idx(vocab_size, B=2, T=16, seed=1):
+    """Deterministic token ids ``[B, T]`` below ``vocab_size``."""
+    return torch.randint(0, vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def param_dtype(model):
+    """The dtype of a language model's parameters (its token embedding's)."""
+    return model.transformer.wte.weight.dtype
+
+
+def feed_in_blocks(model, idx, blocks):
+    """Feed ``idx`` through one cache in blocks of the given sizes; return all logits and the
+    cache. The cache's ``length`` must follow the tokens fed."""
+    assert sum(blocks) == idx.shape[1]
+    cache, outs, start = model.new_cache(), [], 0
+    for n in blocks:
+        outs.append(model(idx[:, start : start + n], cache=cache))
+        start += n
+        assert cache.length == start
+    return torch.cat(outs, dim=1), cache
+
+
+# -- learner answers -----------------------------------------------------------------------------
+
+
+def run(exercise_id, fn):
+    """``checks.run`` without printing: the verdict, for assertions on it."""
+    return checks.run(exercise_id, fn, verbose=False)
 
 
 def flat(text: str) -> str:
@@ -15,12 +49,13 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def assert_failed(result, mistake):
+def assert_failed(result, mistake=None):
     """A failed verdict matched to ``mistake`` (None: the exercise's general hint), with a hint."""
     assert result.status == "failed", result.report
     assert not result
     assert result.mistake == mistake, result.report
     assert 0 <= result.n_passed < result.n_cases
+    assert result.failed_case is not None
     assert "Hint: " in result.report
 
 

@@ -82,10 +82,10 @@ def _param_cases(g: torch.Generator) -> list[Case]:
         V = int(torch.randint(50, 1000, (1,), generator=g))
         P = int(torch.randint(8, 512, (1,), generator=g))
         L = int(torch.randint(1, 8, (1,), generator=g))
-        C = 16 * int(torch.randint(1, 16, (1,), generator=g))
-        configs.append((V, P, L, C, "random sizes"))
-    return [Case((V, P, L, C), label=f"{label}: V={V}, P={P}, L={L}, C={C}")
-            for V, P, L, C, label in configs]
+        d = 16 * int(torch.randint(1, 16, (1,), generator=g))
+        configs.append((V, P, L, d, "random sizes"))
+    return [Case((V, P, L, d), label=f"{label}: V={V}, P={P}, L={L}, d={d}")
+            for V, P, L, d, label in configs]
 
 
 def _count(vocab_size, block_size, n_layer, n_embd):
@@ -101,25 +101,25 @@ register(Exercise(
     make_cases=_param_cases,
     chapter=1,
     mistakes=[
-        Mistake("untied_head", lambda V, P, L, C: _count(V, P, L, C) + V * C,
+        Mistake("untied_head", lambda V, P, L, d: _count(V, P, L, d) + V * d,
                 "you counted the output head separately; GPT-2 ties it to the token embedding, "
-                "so its V·C weights are already counted."),
-        Mistake("no_positions", lambda V, P, L, C: _count(V, P, L, C) - P * C,
+                "so its V·d weights are already counted."),
+        Mistake("no_positions", lambda V, P, L, d: _count(V, P, L, d) - P * d,
                 "you left out the learned position embedding (block_size × n_embd)."),
-        Mistake("no_biases", lambda V, P, L, C: _count(V, P, L, C) - L * 9 * C,
-                "you left out the biases of the four Linear layers (3C + C + 4C + C per block)."),
-        Mistake("no_layernorm", lambda V, P, L, C: _count(V, P, L, C) - (4 * L + 2) * C,
+        Mistake("no_biases", lambda V, P, L, d: _count(V, P, L, d) - L * 9 * d,
+                "you left out the biases of the four Linear layers (3d + d + 4d + d per block)."),
+        Mistake("no_layernorm", lambda V, P, L, d: _count(V, P, L, d) - (4 * L + 2) * d,
                 "you left out the LayerNorms: two per block and a final one, each with a weight "
-                "and a bias of size C."),
-        Mistake("no_final_ln", lambda V, P, L, C: _count(V, P, L, C) - 2 * C,
-                "you left out the final LayerNorm (ln_f) before the head: 2·C more."),
-        Mistake("rule_of_thumb", lambda V, P, L, C: 12 * L * C * C,
-                "12·L·C² is the rule of thumb for the blocks' weight matrices; the exact count "
+                "and a bias of size d."),
+        Mistake("no_final_ln", lambda V, P, L, d: _count(V, P, L, d) - 2 * d,
+                "you left out the final LayerNorm (ln_f) before the head: 2·d more."),
+        Mistake("rule_of_thumb", lambda V, P, L, d: 12 * L * d * d,
+                "12·L·d² is the rule of thumb for the blocks' weight matrices; the exact count "
                 "adds biases, LayerNorms and the embeddings."),
-        Mistake("mlp_width", lambda V, P, L, C: _count(V, P, L, C) - L * (6 * C * C + 3 * C),
-                "check the MLP: its hidden layer is 4·C wide (C→4C→C), not C."),
+        Mistake("mlp_width", lambda V, P, L, d: _count(V, P, L, d) - L * (6 * d * d + 3 * d),
+                "check the MLP: its hidden layer is 4·d wide (d→4d→d), not d."),
     ],
-    hint="per block: 2 LayerNorms, c_attn (C→3C), c_proj (C→C), c_fc (C→4C), c_proj (4C→C), "
+    hint="per block: 2 LayerNorms, c_attn (d→3d), c_proj (d→d), c_fc (d→4d), c_proj (4d→d), "
          "all with biases; plus token and position embeddings and a final LayerNorm.",
 ))
 
