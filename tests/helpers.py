@@ -12,6 +12,37 @@ import torch
 
 from tinyk3 import checks
 
+# -- operators: the shapes and tolerances every form is held to ---------------------------------
+
+# Relative to max(1, max |reference|). float64: the forms differ only in summation order.
+# float32: a few ulps of sums of O(T·D) products (measured ≤ 3e-7; stated bound 1e-5).
+OP_TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
+OP_DTYPES = [torch.float64, torch.float32]
+OP_DTYPE_IDS = ["f64", "f32"]
+
+# (B, H, T, Dk, Dv)
+OP_SHAPES = [
+    (1, 1, 1, 4, 4),  # a single token
+    (2, 3, 7, 5, 3),  # Dk > Dv
+    (1, 2, 16, 8, 8),  # T > Dk: keys must collide (the delta rule overwrites)
+    (2, 1, 9, 3, 6),  # Dk < Dv
+    (1, 2, 0, 4, 5),  # an empty sequence: o is [B, H, 0, Dv], the state passes through
+]
+OP_SHAPE_IDS = ["B{}H{}T{}Dk{}Dv{}".format(*s) for s in OP_SHAPES]
+
+
+def delta_rule_inputs(B, H, T, Dk, Dv, dtype=torch.float32, seed=0):
+    """q, L2-normalised k, v, β ∈ (0, 1) (in ``dtype``) and a non-zero float32 initial state, as
+    layers feed the delta-rule operators and kernels."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, Dk, generator=g)
+    k = torch.nn.functional.normalize(torch.randn(B, H, T, Dk, generator=g), dim=-1)
+    v = torch.randn(B, H, T, Dv, generator=g)
+    beta = torch.rand(B, H, T, generator=g)
+    S0 = torch.randn(B, H, Dk, Dv, generator=g)
+    return tuple(t.to(dtype) for t in (q, k, v, beta)) + (S0,)
+
+
 # -- models and caches ---------------------------------------------------------------------------
 
 def random_idx(vocab_size, B=2, T=16, seed=1):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
 
 import tinyk3.kernels as kernels
+from helpers import delta_rule_inputs
 from tinyk3.ops import delta_rule
 
 # Reaches Triton, tinyk3.kernels or fla: rerun with Triton hidden by `make unit-no-triton`.
@@ -34,13 +34,7 @@ TOL = 1e-5
 
 
 def _inputs(B, H, T, Dk, Dv, seed):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, T, Dk, generator=g)
-    k = torch.nn.functional.normalize(torch.randn(B, H, T, Dk, generator=g), dim=-1)
-    v = torch.randn(B, H, T, Dv, generator=g)
-    beta = torch.rand(B, H, T, generator=g)
-    S0 = torch.randn(B, H, Dk, Dv, generator=g)
-    return q, k, v, beta, S0
+    return delta_rule_inputs(B, H, T, Dk, Dv, seed=seed)
 
 
 def _rel(a, b):

@@ -32,6 +32,7 @@ import pytest
 import torch
 
 import tinyk3.kernels as kernels
+from helpers import delta_rule_inputs
 from tinyk3.kernels import delta_rule as kd
 from tinyk3.ops import delta_rule, wy
 
@@ -62,14 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _inputs(B, H, T, Dk, Dv, dtype=torch.float32, seed=0):
-    """L2-normalised keys, β ∈ (0, 1), a non-zero initial state (as layers feed the operator)."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, T, Dk, generator=g)
-    k = torch.nn.functional.normalize(torch.randn(B, H, T, Dk, generator=g), dim=-1)
-    v = torch.randn(B, H, T, Dv, generator=g)
-    beta = torch.rand(B, H, T, generator=g)
-    S0 = torch.randn(B, H, Dk, Dv, generator=g)
-    return tuple(t.to(dtype) for t in (q, k, v, beta)) + (S0,)
+    return delta_rule_inputs(B, H, T, Dk, Dv, dtype, seed)
 
 
 def _rel_err(a, b):

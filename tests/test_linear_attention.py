@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import OP_DTYPE_IDS, OP_DTYPES, OP_SHAPE_IDS, OP_SHAPES, OP_TOL
 from tinyk3.ops import chunks, feature_maps, linear_attention
 
 
@@ -29,21 +30,8 @@ def _chunked(C):
 FORMS = [linear_attention.recurrent, linear_attention.parallel, _chunked(1), _chunked(3), _chunked(64)]
 FORM_IDS = ["recurrent", "parallel", "chunked1", "chunked3", "chunked64"]
 
-# Relative to max(1, max |reference|). float64: the forms differ only in summation order.
-# float32: a few ulps of sums of O(T·D) products (measured ≤ 2e-7; stated bound 1e-5).
-TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
-DTYPES = [torch.float64, torch.float32]
-DTYPE_IDS = ["f64", "f32"]
-
-# (B, H, T, Dk, Dv)
-SHAPES = [
-    (1, 1, 1, 4, 4),  # a single token
-    (2, 3, 7, 5, 3),  # Dk > Dv
-    (1, 2, 16, 8, 8),
-    (2, 1, 9, 3, 6),  # Dk < Dv
-    (1, 2, 0, 4, 5),  # an empty sequence: o is [B, H, 0, Dv], the state passes through
-]
-SHAPE_IDS = ["B{}H{}T{}Dk{}Dv{}".format(*s) for s in SHAPES]
+TOL, DTYPES, DTYPE_IDS = OP_TOL, OP_DTYPES, OP_DTYPE_IDS
+SHAPES, SHAPE_IDS = OP_SHAPES, OP_SHAPE_IDS
 
 
 def _inputs(B, H, T, Dk, Dv, dtype, *, positive, seed=0):

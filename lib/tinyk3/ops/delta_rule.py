@@ -188,8 +188,3 @@ def state_pass(
         deltas.append(u)
         S = torch.baddbmm(S, Kt[:, c], u)  # S_[c+1] = S_[c] + K_[c]ᵀ U'_[c]           [BH, Dk, Dv]
     return torch.stack(states, dim=1), torch.stack(deltas, dim=1), S
-
-
-# The names chapter 9 and tools/ used before these stages were public.
-_wy_stage = wy_stage
-_state_pass = state_pass
