@@ -24,7 +24,7 @@
 # product, assemble GPT-2 from it, count its parameters exactly, check it against the
 # `transformers` implementation, and train a tiny byte-level GPT in about a minute.
 #
-# **Cost.** Under two minutes on two CPU cores (the last cell prints the time); `SMOKE = True`
+# **Cost.** Under two minutes on one CPU core (the last cell prints the time); `SMOKE = True`
 # runs in a few seconds.
 
 # %% tags=["hide-input"]
@@ -151,8 +151,8 @@ def attention_by_mask(q, k, v):
 
 # %% [markdown]
 # **Check.** Our two versions and the three forms of `tinyk3.attention` (the loop, the masked
-# product, PyTorch's fused `scaled_dot_product_attention`) must agree to round-off: about
-# $10^{-16}$ in float64, $10^{-7}$ in float32.
+# product, PyTorch's fused `scaled_dot_product_attention`) must agree with our loop to
+# round-off: of order $10^{-15}$ in float64 and $10^{-7}$ in float32.
 
 # %%
 for dtype in (torch.float64, torch.float32):
@@ -434,10 +434,11 @@ for l in range(maps.shape[0]):
               f"  {mean_distance:13.1f}  {mean_distance / uniform_distance:9.2f}")
 
 # %% [markdown]
-# Heads whose mean distance is a small fraction of the uniform one (last column) read local
-# spelling: most of their weight is on the last few bytes, often on the previous one. A ratio
-# near 1 means a head looks as far back as an even spread would. Which heads do which changes with the
-# seed and the training length; a mix of local and wide heads is typical of byte-level models.
+# Heads whose mean distance is a small fraction of the uniform one (last column) look locally,
+# as reading spelling needs: the query's own byte and the one before it (the self and previous
+# columns) take a large share of their weight. A ratio near 1 means a head looks as far back
+# as an even spread would. Which heads do which changes with the seed and the training length;
+# a mix of local and wide heads is typical of byte-level models.
 
 # %% [markdown]
 # ## Exercises

@@ -25,7 +25,7 @@
 # prove it gives the same logits as no cache, meet the mask that appending several tokens at
 # once needs, and measure time and bytes.
 #
-# **Cost.** About a minute on two CPU cores (the last cell prints the time).
+# **Cost.** Under a minute on one CPU core (the last cell prints the time).
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -286,7 +286,7 @@ print(f"tinyk3 bottom-right mask:    max error {max_diff(bottom_right, reference
 # every step. Without the cache, step $t$ is a forward pass over $16 + t$ tokens, so its time
 # grows with $t$ and the total quadratically. With it, each step is one token through the
 # model plus an attention row that grows with $t$, a small part of the step at this size.
-# About 20 seconds, nearly all of it without the cache.
+# About 20 seconds (the cell prints both totals), nearly all of it without the cache.
 #
 # What is measured is each step's latency as the context grows, so `timed_decode` reads the
 # clock around every step of one run; `tinyk3.timing.time_fn`, the book's timer elsewhere,
@@ -350,7 +350,7 @@ for name, t in (("without cache", without_cache), ("with cache", with_cache)):
 #
 # GPT-2 small itself, randomly initialised (the cache's size does not depend on the weights):
 # push tokens through it in blocks of 128 and read the cache's size after each, next to the
-# formula; about 10 seconds.
+# formula; a few seconds (the cell prints its time).
 
 # %%
 t0 = time.perf_counter()

@@ -25,7 +25,7 @@
 # parallel form, continue a prefill token by token, compare feature maps with softmax, fix two
 # of the post's listings, and time prefill and decoding against softmax with a KV cache.
 #
-# **Cost.** Under a minute on two CPU cores, most of it in the two timing experiments (the
+# **Cost.** Under a minute on one CPU core, most of it in the two timing experiments (the
 # last cell prints the time). `SMOKE = True` runs in a few seconds.
 
 # %% tags=["hide-input"]
@@ -581,7 +581,7 @@ print(f"{'relative error':>24s} " + " ".join(f"σ={s:<5}" for s in sigmas))
 for name, errs in errors.items():
     print(f"{name:>24s} " + " ".join(f"{e:7.3f}" for e in errs))
 
-# %% mystnb={"figure": {"caption": "Relative error of normalised linear attention against causal softmax attention, for each feature map, as the softmax logits' spread $\\sigma$ grows. ELU+1 (circles) and softplus (crosses) lie on the plain running average (the wide gray band); `taylor2` is closest at small $\\sigma$; no map comes close once softmax is sharp.", "name": "fig-la-feature-map-error"}, "image": {"alt": "Line plot of relative output error against sigma on a log axis from 0.25 to 4, one line per feature map with its own marker and line style, and a wide gray band for the plain running average on which the ELU+1 circles and softplus crosses sit; the errors grow towards 1 with sigma, taylor2 lowest throughout and ReLU highest at small sigma"}}
+# %% mystnb={"figure": {"caption": "Relative error of normalised linear attention against causal softmax attention, for each feature map, as the softmax logits' spread $\\sigma$ grows. ELU+1 (circles) and softplus (crosses) lie on the plain running average (the wide gray band); `taylor2` is closest at small $\\sigma$; no map comes close once softmax is sharp.", "name": "fig-la-feature-map-error"}, "image": {"alt": "Line plot of relative output error against sigma on a log axis from 0.25 to 4, one line per feature map with its own marker and line style, and a wide gray band for the plain running average on which the ELU+1 circles and softplus crosses sit; the errors rise towards 1 as sigma grows (ReLU's only after a level start), taylor2 lowest throughout and ReLU highest at small sigma"}}
 # ELU+1, softplus and the plain average nearly coincide: distinct markers and line
 # styles, drawn from the widest to the thinnest, keep every line visible
 styles = {"constant (plain average)": dict(color="gray", ls="-", lw=6, alpha=0.35),
@@ -605,7 +605,7 @@ plt.show()
 # as the second-order series falls behind the exponential. ELU+1 and softplus are barely
 # better than the plain running average at any $\sigma$: near zero they are about $1 + x$ and
 # $\log 2 + x/2$, whose dot products are dominated by a constant. ReLU is worse than the
-# average when softmax is nearly uniform (it zeroes about half the features, which makes the
+# average when softmax is nearly uniform (it zeroes every negative feature, which makes the
 # weights uneven where they should be even) and a little better at large $\sigma$. None of the
 # element-wise maps makes the weights as *sharp* as softmax's. One query's weights show it
 # ($\sigma = 2$, the last position, over all $T$ keys):
@@ -675,9 +675,10 @@ print(f"ELU+1:    the smallest normaliser is {smallest:.2f}")
 # - linear attention by cumulative sums (below): every $S_t$ at once with `cumsum`,
 #   $O(N D^2)$ work and $O(N D^2)$ memory.
 #
-# Each form stops at the length where it takes seconds (for the cumsum form, hundreds of
-# megabytes). Each time is the median of 3 runs (1 beyond $N = 2048$) after a warm-up run
-# (`tinyk3.timing`). About 20 seconds, most of it in the longest softmax prefill.
+# The masked parallel and cumsum forms stop at shorter lengths (`limits` in the cell), where
+# their $N \times N$ matrices and $N$ stored states grow large. Each time is the median of 3
+# runs after a warm-up run, and a single run beyond $N = 2048$ (`tinyk3.timing`). Under half a
+# minute (the cell prints its time).
 
 # %%
 def linear_attention_cumsum(q, k, v):
@@ -721,7 +722,7 @@ for i, N in enumerate(PREFILL_LENGTHS):
           + " ".join(f"{prefill[name][i] * 1e3:16.1f} ms" for name in prefill))
 print(f"({time.perf_counter() - t0:.0f} s; {stamp()})")
 
-# %% mystnb={"figure": {"caption": "Prefill time of the four forms against the sequence length $N$, log-log. The two quadratic forms climb as $N^2$, the token loop as $N$, so the loop starts far behind and reaches the fused softmax kernel only at the longest prefills (the cell prints where).", "name": "fig-la-prefill-time"}, "image": {"alt": "Log-log line plot of time in milliseconds against prefill length N: softmax with SDPA, linear attention in parallel and cumsum forms, and the token loop; the cumsum line lies above all others, and the token loop line is the flattest, far above the steeper softmax line at short lengths and meeting it only at the longest ones"}}
+# %% mystnb={"figure": {"caption": "Prefill time of the four forms against the sequence length $N$, log-log. The two quadratic forms climb roughly as $N^2$, the token loop about as $N$ (the cell prints the fitted exponents), so the loop starts far behind and reaches the fused softmax kernel only at the longest prefills (the cell prints where).", "name": "fig-la-prefill-time"}, "image": {"alt": "Log-log line plot of time in milliseconds against prefill length N: softmax with SDPA, linear attention in parallel and cumsum forms, and the token loop; the cumsum line lies above all others, and the token loop line is the flattest, far above the steeper softmax line at short lengths and crossing it only at the longest ones, where it ends below it"}}
 Ns = torch.tensor(PREFILL_LENGTHS, dtype=torch.float64)
 fig, ax = plt.subplots()
 for name, secs in prefill.items():
@@ -758,11 +759,11 @@ print(f"token loop: {loop[-1] / PREFILL_LENGTHS[-1] * 1e6:.0f} µs per token "
 # The fitted exponents give the asymptotics: the quadratic forms grow roughly as $N^2$ (the
 # masked linear form, which writes an $N \times N$ matrix, a little faster) and the token loop
 # close to $N$. The constants decide where they cross. The fused softmax kernel is fast, while
-# the token loop pays a fixed cost for each of the dozen or so small tensor operations it runs
-# per token, far more than its arithmetic would take at the rate a large matrix product
+# the token loop pays a fixed cost for each of the many small tensor operations it runs per
+# token, far more than its arithmetic would take at the rate a large matrix product
 # reaches on the same core (the last line above). So the loop catches up only at the longest
 # prefills, if at all (the line before says where). The cumsum form avoids the Python loop
-# but writes $N D^2$ numbers per head, $D$ times more than its inputs, and that memory
+# but writes $N D^2$ numbers per head, $D$ times the size of each input, and that memory
 # traffic makes it the slowest of all.
 #
 # By flops alone ($2N^2D$ per head for causal attention that skips the masked half, $4ND^2$ for
@@ -785,7 +786,7 @@ print(f"token loop: {loop[-1] / PREFILL_LENGTHS[-1] * 1e6:.0f} µs per token "
 # Per head the work is equal at $t \approx D$, the memory at $t = (D + 1)/2$. The state step is
 # the lib's one-token recurrence without its input checks (checked against it first). Both are
 # timed at three head sizes, width fixed, each point the median of its runs after a warm-up
-# run (`tinyk3.timing`); about 10 seconds.
+# run (`tinyk3.timing`); a few seconds (the cell prints its time).
 
 # %%
 def state_step(q_t, k_t, v_t, S, z, eps=1e-6):
@@ -841,7 +842,7 @@ for D in (32, 64, 128):
 del K, V
 print(f"({time.perf_counter() - t0:.0f} s)")
 
-# %% mystnb={"figure": {"caption": "Time of one decoding step against the position $t$, log-log, at three head sizes $D$ with the layer width fixed. The state step (dashed) costs the same at every position; the KV-cache step (solid) grows with $t$, about linearly once past its fixed cost, and overtakes it early (the table below gives where).", "name": "fig-la-decode-step"}, "image": {"alt": "Log-log line plot of time per step in microseconds against position t: three flat dashed lines for the state step, one per head size, and three solid lines with markers for the KV cache that start below them, rise about linearly to a hundred times their starting time and more at the last position, and cross their dashed lines early in the range"}}
+# %% mystnb={"figure": {"caption": "Time of one decoding step against the position $t$, log-log, at three head sizes $D$ with the layer width fixed. The state step (dashed) stays roughly level at every position; the KV-cache step (solid) grows with $t$, about linearly at long contexts, and overtakes it within the measured range (the table below gives where).", "name": "fig-la-decode-step"}, "image": {"alt": "Log-log line plot of time per step in microseconds against position t: three roughly level dashed lines for the state step, one per head size, and three solid lines with markers for the KV cache that start at or below them, rise to a hundred times their starting time and more at the last position, about linearly at long contexts, and cross their dashed lines, the later the larger the head size"}}
 fig, ax = plt.subplots(figsize=(6.8, 4))
 for (D, (kv, st)), color in zip(decode.items(), ("C0", "C1", "C2")):
     ax.plot(positions, kv * 1e6, "o-", color=color, ms=3,
@@ -887,8 +888,8 @@ verdict = ("moves right with every doubling of D, as the count predicts" if stea
 print(f"the crossover {verdict}")
 
 # %% [markdown]
-# The state step's time does not depend on $t$; the KV step's grows about linearly once past
-# its fixed cost. At a fixed width the state step's work is proportional to
+# The state step's time does not grow with $t$ (it only fluctuates); the KV step's grows about
+# linearly once past its fixed cost. At a fixed width the state step's work is proportional to
 # $H D^2 = d_{\text{model}} D$ and the KV step's to $t\,d_{\text{model}}$, so the count predicts
 # a crossover that moves right as $D$ grows; the last line above says whether the measurement
 # follows. The crossover lies within a small factor of $D$ (column `t / D`), not at $t = D$,
@@ -1042,7 +1043,7 @@ print(f"GPT-2 (D = 64): the cache is larger from t = {crossover_length_solution(
 #   normaliser summed); its token loop does not run as printed.
 # - The kernel gives up softmax's sharpness: untrained ELU+1 weights are close to a plain
 #   running average; `taylor2` imitates softmax for small logits with $1 + D + D^2$ features.
-# - A state step costs the same at every position, a KV-cache step grows with $t$; a Python
+# - A state step costs about the same at every position, a KV-cache step grows with $t$; a Python
 #   token loop is slow at prefill for reasons of overhead, not arithmetic.
 #
 # **Next.** The fixed state must hold everything. Chapter 4 treats it as an associative memory

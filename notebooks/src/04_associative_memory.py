@@ -26,7 +26,7 @@
 # better, measure recall against the load $N/D$, and see why positive feature maps make the
 # memory far worse.
 #
-# **Cost.** About 15 seconds on one CPU core (the last cell prints the time); `SMOKE = True`
+# **Cost.** Well under a minute on one CPU core (the last cell prints the time); `SMOKE = True`
 # runs in a few seconds.
 
 # %% tags=["hide-input"]
@@ -308,7 +308,8 @@ for N in (48, 64, 128, 256):
           f"{memory.min_crosstalk_std(N, D) ** 2:12.3f}")
 
 # %% [markdown]
-# The frame meets the bound exactly, and random keys are within one unit of variance of it:
+# The frame meets the bound exactly, and random keys lie about one unit of variance above it
+# (the gap $(D-1)/D$ predicted above):
 # beyond $N = D$ the crosstalk of an additive memory is a property of its size, not of clever
 # keys.
 #
@@ -526,7 +527,7 @@ for D in DIMS:
 # Every overlap is large and positive. The experiment: the same sweep over absolute $N$, with
 # ELU+1 keys and with random unit keys, for every $D$; a few seconds.
 
-# %% mystnb={"figure": {"caption": "An additive memory with ELU+1 keys (solid) and with random unit keys (dashed). Top: with ELU+1 keys the error follows $\\bar c\\sqrt{N-1}$ whatever the state size $D$, while random keys improve with every doubling of $D$. Bottom: recall accuracy against $N$.", "name": "fig-memory-elu-keys"}, "image": {"alt": "Two line plots against the number of stored pairs N on a log axis, one colour per state size D. Top, log-log relative error: the solid ELU+1 lines for all D lie on one gray line that rises to about 15, the dashed random-key lines sit lower and lower as D grows. Bottom, recall accuracy: the solid lines fall to 0 within a few dozen pairs, the dashed lines stay near 1 much longer"}}
+# %% mystnb={"figure": {"caption": "An additive memory with ELU+1 keys (solid) and with random unit keys (dashed). Top: with ELU+1 keys the error follows $\\bar c\\sqrt{N-1}$ whatever the state size $D$, while random keys improve with every doubling of $D$. Bottom: recall accuracy against $N$.", "name": "fig-memory-elu-keys"}, "image": {"alt": "Two line plots against the number of stored pairs N on a log axis, one colour per state size D. Top, log-log relative error: the solid ELU+1 lines for all D lie on one gray line that rises to about 15, the dashed random-key lines sit lower and lower as D grows. Bottom, recall accuracy: the solid lines fall close to 0 within a few dozen pairs, the dashed lines stay near 1 much longer"}}
 t0 = time.perf_counter()
 ns = [2, 4, 8, 16, 32, 64, 128, 256, 512] if not SMOKE else [2, 8, 32]
 elu_runs = {D: sweep(elu_keys, D, ns, seed=1) for D in DIMS}

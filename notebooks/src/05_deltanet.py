@@ -28,8 +28,8 @@
 # eigenvalues of a write and why keys are normalised; overwrite a memory with both rules;
 # train three mixers on associative recall; and fix the post's DeltaNet prefill.
 #
-# **Cost.** A few minutes on one CPU core, almost all of it in the training experiment (the
-# last cell prints the time); `SMOKE = True` runs in seconds.
+# **Cost.** A couple of minutes on one CPU core, almost all of it in the training experiment
+# (the last cell prints the time); `SMOKE = True` runs in seconds.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -746,7 +746,7 @@ print("chance, a value of the context: "
 print(f"chance, any of the {value_tokens.unique().numel()} value tokens: "
       f"{vocabulary_chance:.3f}")
 
-# %% mystnb={"figure": {"caption": "Multi-query associative recall with softmax attention, linear attention and DeltaNet, 2 layers of width $d_{\\text{model}} = 64$, trained on $P \\le 8$ pairs; thick lines seed 0, thin lines the other seeds. Top: held-out accuracy at $P = 8$ during training. Bottom: accuracy after training against the number of pairs $P$ (shaded: the trained range; dotted: chance for a random value of the context; dashed: chance for a random value token).", "name": "fig-deltanet-mqar"}, "image": {"alt": "Two line plots of recall accuracy. Top, against training step: softmax jumps to 1 early, DeltaNet climbs to nearly 1, linear attention rises slowly. Bottom, against pairs P from 1 to 32 on a log axis: softmax stays at 1, DeltaNet stays near 1 up to 8 and then falls, linear attention falls much lower, all above a dotted chance curve 1 over P and a dashed floor at 1 over 32; thin lines of the second seeds lie near the thick ones"}}
+# %% mystnb={"figure": {"caption": "Multi-query associative recall with softmax attention, linear attention and DeltaNet, 2 layers of width $d_{\\text{model}} = 64$, trained on $P \\le 8$ pairs; thick lines seed 0, thin lines the other seeds. Top: held-out accuracy at $P = 8$ during training. Bottom: accuracy after training against the number of pairs $P$ (shaded: the trained range; dotted: chance for a random value of the context; dashed: chance for a random value token).", "name": "fig-deltanet-mqar"}, "image": {"alt": "Two line plots of recall accuracy. Top, against training step: softmax jumps to 1 early; DeltaNet's thin line climbs to nearly 1 and its thick line most of the way, still rising at the end; linear attention levels off well below both. Bottom, against pairs P from 1 to 32 on a log axis: softmax stays at 1; DeltaNet's thin line stays near 1 up to 8 and its thick line is already lower at 8, both falling beyond; linear attention falls much lower, all above a dotted chance curve 1 over P and a dashed floor at 1 over 32; linear attention's thin line lies near its thick one, DeltaNet's lies well above its thick one"}}
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4))
 for mixer, color in zip(MIXERS, ("C0", "C1", "C2")):
     for seed in SEEDS[mixer]:
@@ -812,18 +812,21 @@ for P in sorted({PAIRS_TRAIN, max(EVAL_PAIRS)}):
 # - **Softmax attention recalls everything.** It learns first (top panel) and is perfect at
 #   every pair count, four times the trained range included. Its state, the KV cache, grows
 #   with the context; the fixed states do not (last two lines).
-# - **DeltaNet learns the trained range** and loses pairs beyond it, steadily.
-# - **Linear attention learns more slowly** and recalls fewer pairs than DeltaNet at every
-#   count above one, even DeltaNet's worse seed against linear attention's better one (line
-#   "DeltaNet - linear").
-# - **The seeds** agree inside the trained range and less beyond it (lines "max-min"):
-#   smaller differences between models are noise.
+# - **DeltaNet learns most of the trained range**: one seed recalls nearly every pair up to
+#   $P = 8$, the other fewer at $P = 8$ (its curve in the top panel is still rising at the last
+#   step). Beyond the trained range both lose pairs, steadily.
+# - **Linear attention levels off lowest** (top panel) and recalls fewer pairs than DeltaNet at
+#   every count above one, even DeltaNet's worse seed against linear attention's better one
+#   (line "DeltaNet - linear").
+# - **The seeds** (lines "max-min"): linear attention's agree closely at every pair count;
+#   DeltaNet's agree at the smallest counts and differ widely from $P = 8$ on. Differences
+#   between models smaller than these spreads are noise.
 #
 # **Which pairs are lost.** At the largest pair count, each model's accuracy by the age of the
 # queried pair: how many pairs the context wrote after it (0 for the last). If the delta
 # rule's erasure is at work, as in experiment 1, the old pairs go first.
 
-# %% mystnb={"figure": {"caption": "Recall accuracy at $P = 32$ pairs by the age of the queried pair (how many pairs the context wrote after it), seed 0; dotted: chance for a random value of the context. DeltaNet recalls the newest pairs best and the oldest worst; softmax attention does not depend on age, linear attention little.", "name": "fig-deltanet-recall-by-age"}, "image": {"alt": "Line plot of recall accuracy against the age of the queried pair, pooled in groups of four ages from 0 to 31: softmax flat at 1, DeltaNet falling from the newest pairs to the oldest, linear attention low and nearly flat, above a dotted chance line"}}
+# %% mystnb={"figure": {"caption": "Recall accuracy at $P = 32$ pairs by the age of the queried pair (how many pairs the context wrote after it), seed 0; dotted: chance for a random value of the context. DeltaNet recalls the newest pairs best, and its recall falls with age, flattening for the oldest; softmax attention does not depend on age, linear attention little.", "name": "fig-deltanet-recall-by-age"}, "image": {"alt": "Line plot of recall accuracy against the age of the queried pair, pooled in groups of four ages from 0 to 31: softmax flat at 1, DeltaNet falling from the newest pairs to the oldest, linear attention low and nearly flat, above a dotted chance line"}}
 P = max(EVAL_PAIRS)
 x, y = held_out[P]
 context_keys, queries = x[:, 0 : 2 * P : 2], x[:, 2 * P :]  # [N, P] each
@@ -910,9 +913,9 @@ for name, phi in features.items():
 # Those constants assume Gaussian pre-activations. The trained models' own keys: the unit
 # feature keys of the $2P$ context tokens (every token writes) of the held-out examples at
 # $P = 8$, their mean overlap $c$ and mean squared overlap over $i \ne j$, per layer, with
-# chapter 4's weight rule at $c$ and, for DeltaNet, the mean write strength $\bar\beta$ times
-# the mean squared overlap: by experiment 1, about the share of an older pair's value that
-# each later write erases.
+# chapter 4's weight rule at $c$ and, for DeltaNet, the mean write strength $\bar\beta$ (at the
+# context tokens of the β cell above) times the mean squared overlap: by experiment 1, about
+# the share of an older pair's value that each later write erases.
 
 # %%
 def context_key_features(model, mixer, x, P):
@@ -960,17 +963,19 @@ print(f"random unit keys in D = {k.shape[-1]}: mean k_i·k_j = 0, "
 # Putting these together:
 #
 # - **DeltaNet forgets in order of age**, as experiment 1's memory did: the newest pairs are
-#   recalled most often and the oldest least (the age plot), while softmax attention does not
-#   depend on age at all.
-# - **It writes at every token.** $\beta_t$ is well above zero at key tokens and queries too
-#   (the β lines), and each write erases about $\bar\beta\,(k_i\cdot k_j)^2$ of every older
-#   pair (last column above), compounded over all the writes after it.
+#   recalled most often and recall falls with age, down to the oldest groups (the age plot),
+#   while softmax attention does not depend on age at all.
+# - **It writes at every token.** In layer 1, $\beta_t$ is well above zero at key tokens and
+#   queries too, not only at the value tokens that complete a pair; layer 2 writes weakly at
+#   every kind of token (the β lines). Each write erases about $\bar\beta\,(k_i\cdot k_j)^2$
+#   of every older pair (last column above), compounded over all the writes after it.
 # - **MQAR never asks for an overwrite.** Its keys are distinct, so replacing a value, what the
 #   delta rule is built for, is never needed; beyond the trained range what shows is its price.
 # - **Linear attention's keys overlap more.** For Gaussian pre-activations chapter 4's constant
-#   is several times larger for ELU+1 than for DeltaNet's SiLU-then-L2 keys, and larger still
-#   behind the convolution's SiLU (the quadrature lines). Training moved both models' keys
-#   (the measured lines); linear attention's still overlap more in each layer. At overlap $c$
+#   is several times larger for ELU+1 than for DeltaNet's SiLU-then-L2 keys, and behind the
+#   convolution's SiLU both constants grow, linear attention's most (the quadrature lines).
+#   Training moved both models' keys (the measured lines); linear attention's still overlap
+#   more in each layer. At overlap $c$
 #   each of the $2P - 1$ other context tokens gets $c$ times the right token's weight in a
 #   normalised read, so the wrong values add up as $P$ grows: a handicap of positive features
 #   that training has to remove, and this budget does not finish the job.
@@ -1186,8 +1191,9 @@ ok = checks.run("delta_rule.loop", delta_rule_loop_solution)
 #   replaces them, exactly for orthonormal keys, and with random keys forgets the oldest first,
 #   keeping about $(1 - e^{-N/D})/(N/D)$ of each value.
 # - On MQAR at this scale softmax attention, whose cache grows, recalls every pair; DeltaNet
-#   recalls the trained range and beyond it forgets the oldest pairs first; linear attention,
-#   whose positive keys overlap more, learns more slowly and recalls fewer pairs, in both seeds.
+#   recalls most pairs of the trained range (one seed nearly all) and beyond it forgets the
+#   oldest pairs first; linear attention, whose positive keys overlap more, levels off lower
+#   and, with either seed, recalls fewer pairs than either DeltaNet seed.
 # - The post's DeltaNet listing reads the state once per block: exact for one token per call,
 #   wrong for a prefill, final state included.
 #

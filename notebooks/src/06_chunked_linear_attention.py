@@ -230,9 +230,10 @@ except RuntimeError as err:
     print(f"(kᵀ v) q: RuntimeError: {err}")
 
 # %% [markdown]
-# The listing is right and only the sentence is wrong; a reader who implements the sentence gets
-# either a shape error or, when $C = D$, a product that runs and means nothing. This erratum is
-# listed on the [errata page](../book/errata.md).
+# The listing is right and only the sentence is wrong. A reader who implements the sentence gets,
+# inside a block, outputs that read the whole block, later tokens included (the second line), and
+# across blocks either a shape error or, when $C = D$, a product that runs and means nothing. This
+# erratum is listed on the [errata page](../book/errata.md).
 
 # %% [markdown]
 # ## Build it: a loop over chunks
@@ -652,7 +653,7 @@ print(", ".join(f"{name} faster at {verdicts.count(name)}" for name in times)
       + f", within the spread at {verdicts.count('within the spread')} "
       f"of the {len(CHUNK_SIZES)} chunk sizes")
 
-# %% mystnb={"figure": {"caption": "Time (top) and flop rate (bottom) of the lib's vectorised chunked form and of the chunk loop against the chunk size $C$, next to the recurrence ($C = 1$), the parallel form ($C = T$) and the matrix-product rate: both forms trace a U, and at small $C$ the rate collapses although the flops barely change.", "name": "fig-chunked-time-rate-vs-c"}, "image": {"alt": "Two stacked line plots against chunk size on a log axis from 1 to T. Top: time in milliseconds on a log scale for the lib's chunked form and the chunk loop, both U-shaped with their lowest point between 16 and 128 tokens per chunk, a triangle for the recurrence at C = 1, one for the parallel form at C = T, and a dashed line below both for the time of the flops at the matrix-product rate, far below at small chunks and within a small factor at the largest. Bottom: GFLOP per second of both forms, near zero at small chunks, rising to a peak of a few tens at a few hundred tokens per chunk and falling at the largest, below a dashed line for the matrix-product rate."}}
+# %% mystnb={"figure": {"caption": "Time (top) and flop rate (bottom) of the lib's vectorised chunked form and of the chunk loop against the chunk size $C$, next to the recurrence ($C = 1$), the parallel form ($C = T$) and the matrix-product rate: both forms trace a U, and at small $C$ the rate collapses although the flops barely change.", "name": "fig-chunked-time-rate-vs-c"}, "image": {"alt": "Two stacked line plots against chunk size on a log axis from 1 to T. Top: time in milliseconds on a log scale for the lib's chunked form and the chunk loop, both U-shaped with their lowest point between 16 and 128 tokens per chunk, a triangle for the recurrence at C = 1, one for the parallel form at C = T, and a dashed line below both for the time of the flops at the matrix-product rate, far below at small chunks and within a small factor at the largest. Bottom: GFLOP per second of both forms, near zero at small chunks, rising to a few tens from about 64 tokens per chunk on and falling again at the largest chunks, below a dashed line for the matrix-product rate."}}
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
 for name, marker in (("lib chunked", "o-"), ("chunk loop", "s-")):
     ax1.plot(CHUNK_SIZES, np.array(times[name]) * 1e3, marker, ms=4, label=name)
@@ -674,12 +675,13 @@ plt.show()
 
 # %% [markdown]
 # Both forms trace a U. On the right the diagonal blocks dominate: from $C = 512$ on, each
-# doubling of $C$ about doubles the flops and the time, at a rate that stays a sizeable fraction
+# doubling of $C$ about doubles the flops, and the time grows with them, by as much or more over
+# the last doublings, at a rate that stays a sizeable fraction
 # of the matrix-product rate (lower panel; the dashed line in the upper panel is the time the
 # flops alone would take at that rate). On the left the flops barely change (the state work
 # $4TD^2$ is the same at every $C$), yet the time grows as $C$ shrinks and the rate collapses: the
 # cost there is per chunk, not per flop. The bottom of the U (the lines under the table give the
-# fastest $C$) is in the range GPU kernels use too: 64 or 128, the size of a tensor-core tile.
+# fastest $C$) is at or near the sizes GPU kernels use too: 64 or 128, the size of a tensor-core tile.
 #
 # **A cost model with a per-chunk term.** If each chunk costs a fixed amount $b$ besides its
 # flops, then
@@ -697,9 +699,9 @@ def fit_cost(seconds):
 
     Returns a, b and the prediction."""
     y = np.asarray(seconds)
-    X = np.stack([flops, chunks], axis=1) / y[:, None]
+    X = np.stack([flops, n_chunk], axis=1) / y[:, None]
     (a, b), *_ = np.linalg.lstsq(X, np.ones_like(y), rcond=None)
-    return a, b, a * flops + b * chunks
+    return a, b, a * flops + b * n_chunk
 
 
 fits = {name: fit_cost(secs) for name, secs in times.items()}
@@ -776,12 +778,15 @@ for C in (1, 16, 64) if not SMOKE else (1, 16):
 # %% [markdown]
 # The cause is the one line, not the traffic. PyTorch's CPU `cumsum` along an axis that is not the
 # innermost walks each of the $B H D^2$ columns on its own, one element at a time, with a whole
-# state between consecutive steps: nearly every step is a cache miss (and, a page away, a TLB
-# miss). The same sum with the chunk axis innermost is several times faster (second column), and
-# the loop of $N$ in-place additions, each a contiguous $B \times H \times D \times D$ slab, is
-# faster still (third column). The lib now runs that loop (`chunks.exclusive_scan_`, shown
-# above); the whole call then moves its states at the rate in the last column, the order of
-# memory bandwidth. Its remaining cost at small $C$ is that traffic, which the loop avoids. On a
+# state between consecutive steps: nearly every step is a cache miss (and, since a state spans
+# more than a page, a TLB miss). The same sum with the chunk axis innermost is several times
+# faster (second column), and the loop of $N$ in-place additions, each a contiguous
+# $B \times H \times D \times D$ slab, is faster still (third column; by far at $C = 1$). The lib
+# now runs that loop (`chunks.exclusive_scan_`, shown above); at $C = 1$ the whole call then moves
+# its states at the rate in the last column, within a small factor of the memory bandwidth chapter
+# 3 measured, so what remains of its cost there is of the order of that traffic, which the loop
+# avoids while paying the interpreter per chunk instead (at larger $C$ the flops take over and
+# that rate falls). On a
 # GPU the trade-off differs: a Python loop launches a few small kernels per chunk, each leaving
 # most of the chip idle, while fused kernels (chapter 9) keep the running state on chip and walk
 # the chunks in order inside one kernel.

@@ -652,7 +652,7 @@ print(f"fastest median at C = {best_C}, {speed_up:.0f}x faster than the token lo
       f"T = {T_TIME}; within the spread of it: "
       + (", ".join(f"C = {c}" for c in tied) or "no other C"))
 
-# %% mystnb={"figure": {"caption": "Top: forward-pass time of the token loop, the one-block parallel form and the chunked form at $C = 64$ against the sequence length $T$. Middle and bottom: the chunked form's time against the chunk size $C$, with the time its flops would take at the matrix-product rate and the token loop's time, and the fraction of the matrix-product rate it reaches.", "name": "fig-chunkwise-time-vs-t-and-c"}, "image": {"alt": "Three stacked line plots. Top: log-log time against sequence length from 256 to 4096; the token loop and the chunked form grow about linearly, the chunked form about ten times faster, and the parallel form grows faster than linearly and is the slowest of the three at 2048, the longest length it was timed at. Middle: time of the chunked form against chunk size from 8 to 256, a shallow U with its lowest point between 16 and 64 tokens, above a rising dashed line for its flops at the matmul rate and below a dotted line for the token loop. Bottom: fraction of the matmul rate against chunk size, lowest at the smallest chunks and highest at 128 or 256, below one half everywhere."}}
+# %% mystnb={"figure": {"caption": "Top: forward-pass time of the token loop, the one-block parallel form and the chunked form at $C = 64$ against the sequence length $T$. Middle and bottom: the chunked form's time against the chunk size $C$, with the time its flops would take at the matrix-product rate and the token loop's time, and the fraction of the matrix-product rate it reaches.", "name": "fig-chunkwise-time-vs-t-and-c"}, "image": {"alt": "Three stacked line plots. Top: log-log time against sequence length from 256 to 4096; the token loop and the chunked form grow about linearly, the chunked form about an order of magnitude faster, and the parallel form grows faster than linearly and is the slowest of the three at 2048, the longest length it was timed at. Middle: time of the chunked form against chunk size from 8 to 256, a U, lowest at the small and middle chunk sizes and rising steeply towards 256, above a rising dashed line for its flops at the matmul rate and below a dotted line for the token loop. Bottom: fraction of the matmul rate against chunk size, lowest at the smallest chunks and highest at 128 or 256, below one half everywhere."}}
 fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(6.7, 7.4), layout="constrained")
 for name, marker in (("recurrent", "s-"), ("parallel", "v-"), ("chunked C = 64", "o-")):
     pts = sorted(by_T[name].items())
@@ -680,11 +680,13 @@ plt.show()
 #   steps instead of $T$, each made of matrix products. The parallel form grows faster than
 #   linearly, its $T \times T$ scores and triangular system costing $O(T^2 D)$; at the longest
 #   length it was timed at, $T = 2048$, it is slower than the token loop itself.
-# - **Against $C$** (middle), the chunked form traces chapter 6's U: at small $C$ the per-chunk costs
-#   dominate (the state pass has $T/C$ iterations, each a few calls), at large $C$ the
-#   $10TCD + TC^2/3$ of the diagonal blocks and the triangular solves do. The quartile ranges are
-#   wide on a shared machine, so the line under the table names the fastest median and the chunk
-#   sizes within its spread, and those are not ranked against each other.
+# - **Against $C$** (middle), the chunked form traces chapter 6's U: slowest at the largest chunks,
+#   where the $10TCD + TC^2/3$ of the diagonal blocks and the triangular solves dominates, and
+#   slower again towards the smallest, where the per-chunk costs do (the state pass has $T/C$
+#   iterations, each a few calls). Two chunk sizes are ranked only where their quartile ranges
+#   are apart; the quartile ranges are wide on a shared machine, so the line under the table names
+#   the fastest median and the chunk sizes within its spread, and those are not ranked against
+#   each other.
 # - **As a rate** (bottom), the chunked form reaches a fraction of what one large matrix product
 #   reaches on this core (the "of matmul" column). The rest is lost to small products ($64 \times 64$
 #   tiles run slower than $512 \times 512$ ones), to the triangular solve (which does about three times
@@ -740,13 +742,14 @@ for name, t in stage_s.items():
 # Stage 1, the UT transform and the WY factors, takes the largest share of the time, more than its
 # share of the flops: its triangular solve is a loop of small solves inside PyTorch, one per chunk
 # and head, and does about three times the flops the model counts for it. (The first line compares
-# the whole call with the sum of its stages; single runs of either can differ by a third here,
-# which is why every time in this chapter is a median with its quartiles.) The state pass, the only sequential stage, makes $2N$ calls on $B \cdot H$ small matrices
-# one after another, where every other stage makes a handful of calls on all $N \cdot B \cdot H$
-# chunks at once; it still runs at a rate comparable to the batched stages at this size, because
-# each of its calls multiplies $64 \times 64$ matrices. With more heads or a larger batch every call of
-# the pass does more work for the same overhead; with smaller chunks there are more calls (the left
-# side of the U above). A GPU kernel changes the balance again: chapter 9 keeps the state in fast
+# the whole call with the sum of its stages and says whether their quartile ranges are apart;
+# single runs of either vary on a shared machine, which is why every time in this chapter is a
+# median with its quartiles.) The state pass, the only sequential stage, makes $2N$ calls on
+# $B \cdot H$ small matrices one after another, where every other stage makes a handful of calls
+# on all $N \cdot B \cdot H$ chunks at once; it still runs at a rate comparable to the batched
+# stages at this size (the GFLOP/s column), because each of its calls multiplies $64 \times 64$
+# matrices. With more heads or a larger batch every call of the pass does more work for the same
+# overhead; with smaller chunks there are more calls (the left side of the U above). A GPU kernel changes the balance again: chapter 9 keeps the state in fast
 # on-chip memory for the whole pass and runs one program per head and value block, so the
 # sequential part becomes $N$ steps of on-chip work instead of $2N$ trips through the framework.
 #
@@ -881,10 +884,11 @@ for C_ in (16, 32, 64, 128):
 #   float64 round-off for every chunk size (short last chunks and initial states included), stays
 #   within $10^{-5}$ in float32 at $T = 8192$ with hardly any growth along the sequence, passes `gradcheck`,
 #   and equals the papers' transposed form.
-# - It costs $6TD^2 + 10TCD + TC^2/3$ flops per head, about twice chunked linear attention, and in the
-#   run shown here it was 8 to 18 times faster than the token loop at the lengths
-#   measured, at a fraction of the machine's matrix-product rate that grows with $C$ up to $C = 128$; the UT
-#   transform's small triangular solves and the sequential state pass are where the rest goes.
+# - It costs $6TD^2 + 10TCD + TC^2/3$ flops per head, about twice chunked linear attention, and it was
+#   about an order of magnitude faster than the token loop at every length measured (the
+#   speed-up column), at a fraction of the machine's matrix-product rate that rises with $C$ and
+#   levels off at the largest chunks (the "of matmul" column); the UT transform's small
+#   triangular solves and the sequential state pass are where the rest goes.
 #
 # **Next.** Chapter 9 turns exactly these stages into a GPU kernel: the scaled $KK^\top$, the
 # triangular solve, $W$ and $U$, the sequential state pass, the parallel output pass, written in

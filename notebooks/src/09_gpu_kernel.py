@@ -31,7 +31,7 @@
 # in fla's bfloat16-operand mode; compile them for NVIDIA GPUs without one and read the
 # compiler's report; and write the output stage yourself, in Triton.
 #
-# **Cost.** Under a minute on one CPU core, most of it compiling for a GPU target and running the
+# **Cost.** About a minute on one CPU core, most of it compiling for a GPU target and running the
 # interpreter (the last cell prints the time); `SMOKE = True` runs in seconds. Triton is optional
 # (Linux only): without it every Triton cell prints why it skipped.
 
@@ -167,7 +167,7 @@ def show_part(fn, first, last=None):
 # warps an SM holds at once, limited by the registers and shared memory each program needs; more
 # resident warps hide more memory latency. **TF32** is a tensor-core format for float32 operands:
 # an 8-bit exponent and a 10-bit mantissa (float32 has 23), accumulated in float32. Tensor cores
-# run bfloat16 operands (8-bit mantissa) at twice the TF32 rate on A100 and H100.
+# run bfloat16 operands (7-bit mantissa) at twice the TF32 rate on A100 and H100.
 #
 # Programs of one launch do not talk to each other (short of atomics): one program's result
 # reaches another only through global memory and a *later launch*, or by keeping both pieces of
@@ -549,9 +549,12 @@ for name, n in numbers.items():
 print(f"{'total':>36s} " + " ".join(f"{x:16.0f}" for x in totals))
 
 # %% [markdown]
-# The per-chunk states alone take more bytes than the inputs, and with $W$, $U$, $U'$ the
-# intermediates outweigh the inputs several times over; the bfloat16 mode halves them (the
-# totals line). That is why the **backward pass stores little and recomputes**: fla's
+# In this kernel's float32 mode the per-chunk states alone take more bytes than the inputs, and
+# in every column the intermediates together outweigh the inputs (each total less the inputs
+# row). This kernel's bfloat16 mode halves each of its float32 intermediates; fla stores the same
+# four in bfloat16 as well, plus $A_{[c]} - I$ in float32 and $A_{[c]}^{-1}$ (the rows marked fla
+# only), so its total lies above this kernel's bfloat16 one. That is why the **backward pass
+# stores little and recomputes**: fla's
 # `chunk_delta_rule` saves $q, k, v, \beta$, the initial state and the inverses $A_{[c]}^{-1}$;
 # its backward recomputes $W$ and $U$ (`recompute_w_u_fwd`) and reruns the state pass
 # (`chunk_gated_delta_rule_fwd_h`) to get every $S_{[c]}$ and $U'_{[c]}$, then runs its gradient
@@ -730,7 +733,8 @@ else:
 # `triton.compile` with `GPUTarget("cuda", arch, 32)` (90: H100, 80: A100) through the whole tool
 # chain, Triton IR → TritonGPU IR → LLVM IR → PTX → the `ptxas` in the Triton wheel → a cubin.
 # One compile at the production size, $C = 64$, $D_k = D_v = 128$, bfloat16 inputs, float32
-# operands with TF32 products, for sm_90 (a few seconds; less from Triton's on-disk cache):
+# operands with TF32 products, for sm_90 (the cell prints how long it took; a rerun that finds
+# Triton's on-disk cache is faster):
 
 # %%
 reason = None if not kernels.AVAILABLE else kd.cannot_compile_reason()
@@ -935,7 +939,7 @@ for C in (16, 32, 64):
             f"{name.strip('_').replace('_kernel', '')} {by / 1024:5.0f} KB "
             f"({fl / by:4.1f} flop/B)" for name, (fl, by) in traffic[mid, C].items()))
 
-# %% mystnb={"figure": {"caption": "What each of the three Triton stages needs when compiled for sm_90 at $D_k = D_v = 128$ with bfloat16 inputs, against the chunk size $C$, in three designs: float32 operands with TF32 products (solid), float32 operands with exact ieee products (dashed), bfloat16 operands with float32 accumulation (dotted). Registers and stack frame per thread and shared memory per program as the compiler reports them; bytes moved per chunk and head counted from the kernels' loads and stores, with float32 or bfloat16 intermediates.", "name": "fig-kernel-stage-resources"}, "image": {"alt": "Four line plots in a two-by-two grid against chunk size 16, 32 and 64, one colour per stage (wy, state, output) and one line style per design. Registers per thread: the float32 TF32 state pass reaches the 255 limit at C = 64; the ieee state pass sits at the limit at C = 16 and 32 and drops to 64 at C = 64; the bfloat16 design stays below the limit. Stack frame: zero except for the ieee design, whose state pass needs hundreds of bytes at C = 16 and 32 and thousands at C = 64. Shared memory grows with C, least for the bfloat16 design. Bytes moved: every stage moves fewer bytes with bfloat16 intermediates."}}
+# %% mystnb={"figure": {"caption": "What each of the three Triton stages needs when compiled for sm_90 at $D_k = D_v = 128$ with bfloat16 inputs, against the chunk size $C$, in three designs: float32 operands with TF32 products (solid), float32 operands with exact ieee products (dashed), bfloat16 operands with float32 accumulation (dotted). Registers and stack frame per thread and shared memory per program as the compiler reports them; bytes moved per chunk and head counted from the kernels' loads and stores, with float32 or bfloat16 intermediates.", "name": "fig-kernel-stage-resources"}, "image": {"alt": "Four line plots in a two-by-two grid against chunk size 16, 32 and 64, one colour per stage (wy, state, output) and one line style per design. Registers per thread: the float32 TF32 state pass reaches the 255 limit at C = 64; the ieee state pass sits at the limit at C = 16 and 32 and drops to 64 at C = 64, where the ieee wy stage reaches the limit; the bfloat16 design stays below the limit. Stack frame: zero except for the ieee design, whose state pass needs hundreds of bytes at C = 16 and 32 and thousands at C = 64, and whose wy stage needs a few hundred at C = 64. Shared memory grows with C, least for the bfloat16 design. Bytes moved: every stage moves fewer bytes with bfloat16 intermediates."}}
 stage_names = ["_wy_kernel", "_state_kernel", "_output_kernel"]
 colors = ("C0", "C1", "C2")
 styles = {("float32", "tf32"): "o-", ("float32", "ieee"): "s--",
@@ -977,21 +981,24 @@ plt.show()
 # What the table and the figure say:
 #
 # - **bfloat16 operands against float32 with TF32.** Neither spills. The bfloat16 design needs
-#   fewer registers in the state pass at $C = 64$ (its operand tiles are half as wide), about half
-#   the shared memory (the operands staged for `tl.dot` are 2 bytes instead of 4), and about half
-#   the `mma` instructions: a bfloat16 `wgmma` consumes 16 elements of the inner dimension where a
-#   TF32 one consumes 8, so each instruction does twice the work, and H100 runs both at the same
-#   instruction rate. Its stages also move fewer bytes (last panel), the intermediates being half
-#   the size. TF32 is therefore the fast mode only among float32-operand designs.
+#   half the `mma` instructions (the `mma` column): a bfloat16 `wgmma` consumes 16 elements of the
+#   inner dimension where a TF32 one consumes 8, so each instruction does twice the work, and H100
+#   runs both at the same instruction rate. It needs no more shared memory than TF32 in any stage,
+#   and about half in stage 1 and the state pass at $C = 64$, where the operands staged for
+#   `tl.dot` (2 bytes instead of 4) dominate. Its registers are not lower across the board: the
+#   state pass at $C = 64$, at the 255 limit with TF32, stays below it, but the bfloat16 output
+#   pass uses more registers than the TF32 one at $C = 16$ and $32$ (the `regs` column). Its
+#   stages also move fewer bytes (last panel), the intermediates being half the size. TF32 is
+#   therefore the fast mode only among float32-operand designs.
 # - **The register outlier.** With `"ieee"` products there are no tensor-core instructions
 #   (the `mma` column): each product becomes float32 fused multiply-adds whose operand layout
 #   gives every thread whole rows of $W_{[c]}$ and columns of $S_{[c]}$. At $C = 16$ and $32$ the
-#   state pass sits at 255 registers and spills hundreds of bytes; at $C = 64$ it reports far
-#   fewer registers and a stack frame of kilobytes (the `stack B` column): the working set no
-#   longer fits, and ptxas moved the tiles to local memory and streams through them with few
-#   registers. A low register count with a large stack frame is the heaviest case, not the
-#   lightest. No warp count fixes it: the exact mode is for checking, and the other two designs
-#   do not spill.
+#   state pass sits at 255 registers and spills hundreds of bytes; at $C = 64$ stage 1 reaches
+#   255 and spills as well, and the state pass reports far fewer registers and a stack frame of
+#   kilobytes (the `stack B` column): the working set no longer fits, and ptxas moved the tiles
+#   to local memory and streams through them with few registers. A low register count with a
+#   large stack frame is the heaviest case, not the lightest. The exact mode is for checking; the
+#   other two designs do not spill.
 # - **Occupancy.** The last lines of the table divide an H100 SM's registers and shared memory
 #   by what one state-pass program needs. In the two designs that do not spill, registers bind
 #   first: the bfloat16 design's smaller tiles halve the shared memory but leave the program
@@ -1001,7 +1008,9 @@ plt.show()
 #   state pass gains less, because each of a head's $D_v / BV$ programs reloads $W_{[c]}$ and
 #   $K_{[c]}$. A GPU needs far more flops per byte to keep its tensor cores busy, so all three
 #   stages are bound by memory traffic: chunks of 64 rather than chapter 8's flop-minimal small
-#   chunks move fewer bytes, and bfloat16 intermediates fewer still.
+#   chunks move fewer bytes per token (the three stages' bytes per chunk, added up, grow less
+#   than fourfold from $C = 16$ to $64$, while a chunk covers four times the tokens), and
+#   bfloat16 intermediates fewer still.
 
 # %% [markdown]
 # ## Exercises
@@ -1227,20 +1236,23 @@ else:
 #   the state in registers. The columns of $S$ evolve independently, so a head's state can be
 #   split over programs.
 # - Every intermediate one launch hands to the next goes through global memory: $W$, $U$, $U'$
-#   and every chunk's starting state, more bytes than the inputs; fla's bfloat16 storage halves
-#   them. The backward pass therefore stores little and recomputes. The lib's kernel recomputes
-#   through the PyTorch form, so its gradients are the PyTorch form's by construction and are
-#   not a check of the kernels.
+#   and every chunk's starting state, more bytes than the inputs; this kernel's bfloat16 mode
+#   halves them, as fla's bfloat16 storage does (fla also stores its scaled $KK^\top$ and the
+#   inverses). fla's backward pass therefore stores little and recomputes. The lib's kernel
+#   recomputes through the PyTorch form, so its gradients are the PyTorch form's by construction
+#   and are not a check of the kernels.
 # - The kernels map line by line onto the equations: `program_id` picks the chunk, head and
 #   value block, `arange` and masks build the tiles, `tl.dot` does the products, and the
 #   triangular solve is a row loop of masked tile operations.
 # - Under the Triton interpreter each stage and the end result equal the PyTorch chunked form to
 #   float32 round-off in the float32 mode; the bfloat16-operand mode, emulated there by exact
-#   rounding, stores bfloat16 values and stays within the tolerance the tests state.
-# - Compiled for sm_90 without a GPU, the bfloat16 design needs fewer registers, about half the
-#   shared memory and half the `mma` instructions of the float32 design with TF32, and neither
-#   spills; exact `"ieee"` products have no tensor cores and spill, and at $C = 64$ ptxas moves
-#   the state pass's tiles to a stack frame, which is why it reports so few registers there.
+#   rounding, stores bfloat16 values, with larger errors against float64 than the float32 mode
+#   (`tests/test_kernels.py` bounds both).
+# - Compiled for sm_90 without a GPU, the bfloat16 design needs half the `mma` instructions of the
+#   float32 design with TF32 and no more shared memory (about half at $C = 64$ in stage 1 and the
+#   state pass), with register counts of the same order, and neither spills; exact `"ieee"`
+#   products have no tensor cores and spill, and at $C = 64$ the state pass's stack frame grows to
+#   kilobytes, which is why ptxas reports so few registers there.
 #
 # **Next.** Chapter 10 adds a forgetting gate: Gated DeltaNet multiplies the state by a decay
 # $\alpha_t$ at every step, $S_t = \alpha_t (I - \beta_t k_t^\top k_t) S_{t-1} + \beta_t k_t^\top v_t$. The
