@@ -22,6 +22,7 @@ def test_timing_is_the_median_with_quartiles():
     one = timing.Timing([0.5])
     assert (one.low, one.high, one.spread) == (0.5, 0.5, 0.0)
     assert f"{t * 1e3:.0f}" == "3000" and str(t) == "3.0"
+    assert t.ms() == "3000.0 (2000.0-4000.0)" and t.ms(0) == "3000 (2000-4000)"
     assert pickle.loads(pickle.dumps(t)).runs == t.runs
     with pytest.raises(ValueError, match="at least one run"):
         timing.Timing([])

@@ -60,6 +60,12 @@ class Timing(float):
         """``(high - low) / median``: the relative width of the middle of the runs."""
         return (self.high - self.low) / float(self) if float(self) > 0 else 0.0
 
+    def ms(self, digits: int = 1) -> str:
+        """``"median (low-high)"`` in milliseconds, each with ``digits`` decimals: how the
+        chapters print a time with its spread."""
+        return (f"{float(self) * 1e3:.{digits}f} "
+                f"({self.low * 1e3:.{digits}f}-{self.high * 1e3:.{digits}f})")
+
     def __repr__(self) -> str:
         return (f"Timing({float(self):.4g} s, quartiles {self.low:.4g}-{self.high:.4g} s, "
                 f"{len(self.runs)} runs)")

@@ -266,8 +266,7 @@ def fwd_bwd_time(op, B=32, H=2, T=64, D=32):
 
 t_rec, t_par = fwd_bwd_time(delta_rule.recurrent), fwd_bwd_time(delta_rule.parallel)
 print(f"forward + backward, B=32, H=2, T=64, D=32: "
-      f"recurrent {t_rec * 1e3:.0f} ms ({t_rec.low * 1e3:.0f}-{t_rec.high * 1e3:.0f}), "
-      f"parallel {t_par * 1e3:.0f} ms ({t_par.low * 1e3:.0f}-{t_par.high * 1e3:.0f}): "
+      f"recurrent {t_rec.ms(0)} ms, parallel {t_par.ms(0)} ms: "
       f"{t_rec / t_par:.0f}x faster")
 print(stamp())
 

@@ -93,10 +93,9 @@ REPEATS = 3 if SMOKE else 7  # timed runs per point: median of k runs (tinyk3.ti
 WIDGET_T = 6 if SMOKE else 16  # the widget draws a WIDGET_T × WIDGET_T attention matrix
 
 
-def timed(fn):
-    """time_fn with this chapter's settings: a warm-up run, then REPEATS runs
-    (fewer if they pass 3 s in all); a Timing, the median in seconds."""
-    return time_fn(fn, repeats=REPEATS, warmup=1, max_seconds=3.0)
+# Every time below: time_fn(fn, **TIMING), a warm-up run, then REPEATS runs (fewer
+# if they pass 3 s in all); a Timing, the median in seconds with its quartiles.
+TIMING = {"repeats": REPEATS, "max_seconds": 3.0}
 
 
 # %% [markdown]
@@ -125,8 +124,8 @@ B, H, T, D = 1, H_TIME, T_TIME, D_TIME
 q_time, k_time, v_time = (torch.randn(B, H, T, D) / D**0.25 for _ in range(3))
 
 peak = bench.matmul_flops()  # flop/s of a 512 × 512 matrix product on this core
-t_recurrent = timed(lambda: la.recurrent(q_time, k_time, v_time))
-t_parallel = timed(lambda: la.parallel(q_time, k_time, v_time))
+t_recurrent = time_fn(lambda: la.recurrent(q_time, k_time, v_time), **TIMING)
+t_parallel = time_fn(lambda: la.parallel(q_time, k_time, v_time), **TIMING)
 flops_recurrent = B * H * 4 * T * D * D  # 4·D² per token and head
 # the T × T scores and their product with V; then Q S_0 and Kᵀ V
 flops_parallel = B * H * (4 * T * T * D + 4 * T * D * D)
@@ -625,8 +624,8 @@ with torch.no_grad():
     for C in CHUNK_SIZES:
         lib_form = partial(la.chunked, q_time, k_time, v_time, chunk_size=C)
         loop_form = partial(chunked_loop, q_time, k_time, v_time, C)
-        times["lib chunked"].append(timed(lib_form))
-        times["chunk loop"].append(timed(loop_form))
+        times["lib chunked"].append(time_fn(lib_form, **TIMING))
+        times["chunk loop"].append(time_fn(loop_form, **TIMING))
 flops = np.array([B * H * cost.chunked_linear_attention_flops(T, D, C).matmul
                   for C in CHUNK_SIZES], dtype=float)
 n_chunk = np.array([cost.n_chunks(T, C) for C in CHUNK_SIZES], dtype=float)
@@ -640,8 +639,7 @@ for idx, C in enumerate(CHUNK_SIZES):
                else "lib chunked" if a < b else "chunk loop")
     verdicts.append(verdict)
     print(f"{C:5d} {int(n_chunk[idx]):6d} {flops[idx] / 1e9:6.2f} | "
-          f"{a * 1e3:7.1f} ms ({a.low * 1e3:6.1f}-{a.high * 1e3:6.1f}) | "
-          f"{b * 1e3:7.1f} ms ({b.low * 1e3:6.1f}-{b.high * 1e3:6.1f}) | {verdict}")
+          f"{a.ms() + ' ms':>25s} | {b.ms() + ' ms':>25s} | {verdict}")
 print(f"recurrent {t_recurrent * 1e3:.1f} ms, parallel {t_parallel * 1e3:.1f} ms; "
       f"matmul rate {peak / 1e9:.0f} GFLOP/s ({time.perf_counter() - t0:.0f} s)")
 for name, secs in times.items():
@@ -764,9 +762,9 @@ for C in (1, 16, 64) if not SMOKE else (1, 16):
     kv = torch.zeros(B, H, N, D, D)  # stand-in for the N products K_[c]ᵀ V_[c]
     kv_inner = torch.zeros(B, H, D, D, N)  # the same numbers, the chunk axis innermost
     S_start = torch.zeros(B, H, D, D)
-    t_cumsum = timed(partial(cumsum_scan, kv, S_start))
-    t_inner = timed(partial(kv_inner.cumsum, dim=-1))
-    t_loop = timed(partial(chunks.exclusive_scan_, kv, S_start))
+    t_cumsum = time_fn(partial(cumsum_scan, kv, S_start), **TIMING)
+    t_inner = time_fn(partial(kv_inner.cumsum, dim=-1), **TIMING)
+    t_loop = time_fn(partial(chunks.exclusive_scan_, kv, S_start), **TIMING)
     whole = times["lib chunked"][CHUNK_SIZES.index(C)]
     state_bytes = kv.numel() * kv.element_size()
     # the states are written (K_[c]ᵀ V_[c]), read and written (scan), read (Q_[c] S_[c])
@@ -785,7 +783,7 @@ for C in (1, 16, 64) if not SMOKE else (1, 16):
 # now runs that loop (`chunks.exclusive_scan_`, shown above); at $C = 1$ the whole call then moves
 # its states at the rate in the last column, within a small factor of the memory bandwidth chapter
 # 3 measured, so what remains of its cost there is of the order of that traffic, which the loop
-# avoids while paying the interpreter per chunk instead (at larger $C$ the flops take over and
+# avoids while paying the interpreter per chunk instead (by $C = 64$ the flops take over and
 # that rate falls). On a
 # GPU the trade-off differs: a Python loop launches a few small kernels per chunk, each leaving
 # most of the chip idle, while fused kernels (chapter 9) keep the running state on chip and walk

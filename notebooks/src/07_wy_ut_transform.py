@@ -755,10 +755,10 @@ for D in TIMING_DIMS:
     print(f"D = {D} (max |P by each way - dense P| = {dist:.1e}, float32):")
     for m in METHODS:
         t = timings[m][-1]
-        print(f"  {m:>19s} {t * 1e3:8.2f} ({t.low * 1e3:.2f}-{t.high * 1e3:.2f})")
+        print(f"  {m:>19s} {t.ms(2):>24s}")
     print(f"  rank-one updates: {verdict}")
 
-# %% mystnb={"figure": {"caption": "Top: median time (bars: first to third quartile) of the dense product of transitions, of the rank-one updates, of the WY form of $P$ and of the WY factors alone, for a batch of chunks of $C = 64$ tokens, against the head size $D$. Bottom: the dense products' and the rank-one updates' time over the WY form's, measured (solid) and as the flop counts predict (dashed).", "name": "fig-wy-explicit-vs-wy-time"}, "image": {"alt": "Two stacked log-log line plots against head size D from 16 to 256. Top: milliseconds per batch of chunks for four ways, each point with a bar from the first to the third quartile; the dense products rise steeply with D, to over a hundred milliseconds at 256, the rank-one updates more slowly, and both WY lines stay lowest, near a millisecond. Bottom: the dense products' time and the rank-one updates' time divided by the WY form's, solid, with dashed lines for the ratios of their flop counts; the dense products' ratio grows with D like its flop-count line, within a small factor of it, while the rank-one updates' ratio stays several times or more above one although its flop-count line stays below one or near it (one is marked by a horizontal line)."}}
+# %% mystnb={"figure": {"caption": "Top: median time (bars: first to third quartile) of the dense product of transitions, of the rank-one updates, of the WY form of $P$ and of the WY factors alone, for a batch of chunks of $C = 64$ tokens, against the head size $D$. Bottom: the dense products' and the rank-one updates' time over the WY form's, measured (solid) and as the flop counts predict (dashed).", "name": "fig-wy-explicit-vs-wy-time"}, "image": {"alt": "Two stacked log-log line plots against head size D from 16 to 256. Top: milliseconds per batch of chunks for four ways, each point with a bar from the first to the third quartile; the dense products rise steeply with D, to over a hundred milliseconds at 256, the rank-one updates more slowly, and both WY lines stay lowest, near a millisecond. Bottom: the dense products' time and the rank-one updates' time divided by the WY form's, solid, with dashed lines for the ratios of their flop counts; the dense products' ratio grows with D like its flop-count line, within a small factor of it, while the rank-one updates' ratio stays well above one, about three times or more, although its flop-count line stays below one or near it (one is marked by a horizontal line)."}}
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.8, 6.6), sharex=True)
 for m, marker in zip(METHODS, "osD^"):
     med = np.array([float(t) for t in timings[m]]) * 1e3
@@ -801,7 +801,7 @@ for i, D in enumerate(TIMING_DIMS):
 #   once $D$ is large; at small $D$ the 64 calls' fixed costs dominate.
 # - **The rank-one updates do about as much arithmetic as the WY form, or less** (the flop-count
 #   column: $4CD^2$ against $2CD^2 + 3C^2D + C^3/3$, less up to $D = C$, somewhat more beyond), yet
-#   take several times longer at every $D$ (the measured column): $C$ dependent
+#   take about three times longer or more at every $D$ (the verdict lines): $C$ dependent
 #   vector-times-matrix steps run at a small fraction of the rate of a large matrix product (last
 #   column, against chapter 6's first table) and pay a call each, where the WY form is a few
 #   chunk-wide products.
@@ -810,7 +810,7 @@ for i, D in enumerate(TIMING_DIMS):
 #   $K^\top(\cdot)$ in the sequential pass, chapter 8's subject.
 #
 # So the WY form's gain is not a smaller flop count than the rank-one chain (only somewhat
-# smaller, at the largest $D$, against a time several times shorter). It is the shape of
+# smaller, at the largest $D$, against a time about three or more times shorter). It is the shape of
 # the work: (1) no $D_k \times D_k$ matrix per chunk, only $W$ and $U$, $C \times D$ each; (2) the
 # work inside a chunk is a few products of $C \times C$ and $C \times D$ matrices, the shapes that
 # tensor cores run, instead of $C$ dependent rank-one steps; (3) every chunk's factors depend on
@@ -967,7 +967,7 @@ ok = checks.run("wy.wy_factors", wy_factors_solution)
 #   few times $10^{-7}$ up to $C = 256$ (nearly parallel keys: about $10^{-6}$); raw keys overflow. Bfloat16 keys, not the solve, limit the accuracy of $\mathcal{T}$ in a
 #   kernel. Chunk size 64 is a choice of cost and hardware, not of conditioning.
 # - The WY form does about as much arithmetic as the rank-one chain (more at small $D$, somewhat
-#   less at the largest) and was several times faster than it at every head size timed (the
+#   less at the largest) and was about three times faster or more at every head size timed (the
 #   timing table), its work being a few chunk-wide products instead of $C$ dependent steps; what
 #   it buys is no $D_k \times D_k$ matrix per chunk, chunk-wide matrix products that tensor cores
 #   run, and chunks computed independently. Chunkwise DeltaNet never forms $P$.

@@ -95,14 +95,8 @@ TIME_CS = [4, 16, 64] if SMOKE else [8, 16, 32, 64, 128, 256]  # chunk sizes C t
 REPEATS = 3 if SMOKE else 7  # timed runs per point: median of k runs (tinyk3.timing)
 
 
-def timed(fn):
-    """time_fn with this chapter's settings (median of REPEATS runs, 3 s at most)."""
-    return time_fn(fn, repeats=REPEATS, warmup=1, max_seconds=3.0)
-
-
-def quartiles(t):
-    """'median (first-third quartile)' of a Timing, in ms."""
-    return f"{t * 1e3:6.1f} ({t.low * 1e3:5.1f}-{t.high * 1e3:5.1f})"
+# Every time below: time_fn(fn, **TIMING), median of REPEATS runs (3 s at most).
+TIMING = {"repeats": REPEATS, "max_seconds": 3.0}
 
 
 def unit_inputs(B, H, T, Dk, Dv, seed, dtype=torch.float64):
@@ -618,10 +612,11 @@ with torch.no_grad():
         if T_ <= PARALLEL_MAX_T:
             forms["parallel"] = partial(delta_rule.parallel, q, k, v, beta)
         for name, fn in forms.items():
-            rows.append((name, T_, timed(fn)))
+            rows.append((name, T_, time_fn(fn, **TIMING)))
     q, k, v, beta = unit_inputs(1, H_TIME, T_TIME, D_TIME, D_TIME, seed=1,
                                 dtype=torch.float32)
-    by_C = {C_: timed(partial(delta_rule.chunked, q, k, v, beta, chunk_size=C_))
+    by_C = {C_: time_fn(partial(delta_rule.chunked, q, k, v, beta, chunk_size=C_),
+                        **TIMING)
             for C_ in TIME_CS}
 peak = max(peak_before, bench.matmul_flops())
 by_T = {name: {T_: s for n, T_, s in rows if n == name}
@@ -633,8 +628,8 @@ print(f"{'T':>5s} {'recurrent, ms':>20s} {'parallel, ms':>20s} "
       f"{'chunked C=64, ms':>20s} {'speed-up':>9s}")
 for T_ in TIME_TS:
     t_loop, t_chunked = by_T["recurrent"][T_], by_T["chunked C = 64"][T_]
-    par = quartiles(by_T["parallel"][T_]) if T_ in by_T["parallel"] else "-"
-    print(f"{T_:5d} {quartiles(t_loop):>20s} {par:>20s} {quartiles(t_chunked):>20s} "
+    par = by_T["parallel"][T_].ms() if T_ in by_T["parallel"] else "-"
+    print(f"{T_:5d} {t_loop.ms():>20s} {par:>20s} {t_chunked.ms():>20s} "
           f"{t_loop / t_chunked:8.0f}x")
 
 flops_C = {C_: H_TIME * cost.chunked_delta_rule_flops(T_TIME, D_TIME, C_)
@@ -642,7 +637,7 @@ flops_C = {C_: H_TIME * cost.chunked_delta_rule_flops(T_TIME, D_TIME, C_)
 print(f"\nT = {T_TIME}: {'C':>4s} {'time, ms':>20s} {'GFLOP':>7s} {'GFLOP/s':>8s} "
       f"{'of matmul':>10s}")
 for C_, t in by_C.items():
-    print(f"{'':>9s} {C_:4d} {quartiles(t):>20s} {flops_C[C_] / 1e9:7.2f} "
+    print(f"{'':>9s} {C_:4d} {t.ms():>20s} {flops_C[C_] / 1e9:7.2f} "
           f"{flops_C[C_] / t / 1e9:8.1f} {flops_C[C_] / t / peak:10.0%}")
 best_C = min(by_C, key=by_C.get)
 tied = [C_ for C_ in by_C
@@ -715,8 +710,9 @@ with torch.no_grad():
         "3. state pass": lambda: delta_rule.state_pass(Wc, Uc, Kc.mT, S_start),
         "4. outputs": lambda: Qc @ S_all + scores @ U_new,
     }
-    stage_s = {name: timed(fn) for name, fn in stages.items()}
-    whole = timed(lambda: delta_rule.chunked(q, k, v, beta, chunk_size=C_))
+    stage_s = {name: time_fn(fn, **TIMING) for name, fn in stages.items()}
+    whole = time_fn(lambda: delta_rule.chunked(q, k, v, beta, chunk_size=C_),
+                    **TIMING)
 N_ = cost.n_chunks(T_TIME, C_)
 stage_flops = {"1. 𝒯, W, U": N_ * (2 * C_**2 * D_TIME + C_**3 / 3 + 4 * C_**2 * D_TIME),
                "2. scores": N_ * 2 * C_**2 * D_TIME,
@@ -726,7 +722,7 @@ total_s, total_flops = sum(stage_s.values()), sum(stage_flops.values())
 low_sum = sum(t.low for t in stage_s.values())
 high_sum = sum(t.high for t in stage_s.values())
 print(f"T = {T_TIME}, C = {C_}, {H_TIME} heads, ms, median (quartiles): the whole call "
-      f"{quartiles(whole)}; the four stages, summed {total_s * 1e3:.1f} "
+      f"{whole.ms()}; the four stages, summed {total_s * 1e3:.1f} "
       f"({low_sum * 1e3:.1f}-{high_sum * 1e3:.1f}): "
       + ("apart" if high_sum < whole.low or whole.high < low_sum
          else "within the spread of each other"))
@@ -734,7 +730,7 @@ print(f"{'stage':>14s} {'time, ms':>20s} {'of the time':>12s} {'of the flops':>1
       f"{'GFLOP/s':>8s} {'of matmul':>10s}")
 for name, t in stage_s.items():
     fl = H_TIME * stage_flops[name]
-    print(f"{name:>14s} {quartiles(t):>20s} {t / total_s:12.0%} "
+    print(f"{name:>14s} {t.ms():>20s} {t / total_s:12.0%} "
           f"{stage_flops[name] / total_flops:13.0%} "
           f"{fl / t / 1e9:8.1f} {fl / t / peak:10.0%}")
 
