@@ -53,7 +53,7 @@ def test_bench_times_with_the_one_timing_helper():
 
 def test_fla_rows_are_optional(monkeypatch, capsys):
     """--fla without flash-linear-attention installed: a message, and no fla rows."""
-    monkeypatch.setattr(bench, "fla_chunkwise", lambda: None)
+    monkeypatch.setattr(bench, "fla_chunkwise", lambda rule="delta_rule": None)
     rows = bench.bench_delta_rule((32,), B=1, H=1, D=8, chunk_sizes=(16,), repeats=1, fla=True)
     assert "fla (flash-linear-attention) is not installed" in capsys.readouterr().out
     assert {r["form"] for r in rows} == {"recurrent", "chunked"}
@@ -63,10 +63,10 @@ def test_fla_rows_when_a_chunkwise_function_is_available(monkeypatch):
     """With an fla function (a stand-in here), one fla_naive row per chunk size that divides T."""
     from tinyk3.ops import delta_rule
 
-    def stand_in(q, k, v, beta, chunk_size=32):
-        return delta_rule.chunked(q, k, v, beta, chunk_size=chunk_size)
+    def stand_in(q, k, v, beta, g, C):  # fla_chunkwise's calling convention
+        return delta_rule.chunked(q, k, v, beta, chunk_size=C)
 
-    monkeypatch.setattr(bench, "fla_chunkwise", lambda: stand_in)
+    monkeypatch.setattr(bench, "fla_chunkwise", lambda rule="delta_rule": stand_in)
     rows = bench.bench_delta_rule((48,), B=1, H=1, D=8, chunk_sizes=(16, 32), repeats=1, fla=True)
     assert {(r["form"], r["C"]) for r in rows if r["form"] == "fla_naive"} == {("fla_naive", 16)}
 
@@ -90,7 +90,7 @@ def test_triton_and_sdpa_rows_on_cpu(capsys):
 
 
 def test_triton_rows_skipped_with_a_message_without_triton(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "triton_chunked", lambda: None)
+    monkeypatch.setattr(bench, "triton_chunked", lambda rule="delta_rule": None)
     rows = bench.bench_delta_rule((32,), B=1, H=1, D=8, chunk_sizes=(16,), repeats=1, triton=True)
     assert "skipping the triton rows" in capsys.readouterr().out
     assert {r["form"] for r in rows} == {"recurrent", "chunked"}
@@ -103,3 +103,23 @@ def test_cuda_without_a_gpu_fails_clearly():
         bench.bench_delta_rule((32,), device="cuda")
     with pytest.raises(SystemExit):
         bench.main(["delta_rule", "--device", "cuda"])
+
+
+def test_gated_rules_share_one_run(tmp_path):
+    """Several rules in one command: one matmul rate, a row per (rule, form, T, C), and fla's
+    reference chunked code for each rule where fla is installed (T a multiple of C)."""
+    js = tmp_path / "g.json"
+    bench.main(["delta_rule", "gated_delta_rule", "kda", "--T", "32", "--C", "16", "--H", "1",
+                "--D", "8", "--repeats", "1", "--fla", "--json", str(js)])
+    rows = json.loads(js.read_text())["rows"]
+    have = {(r["rule"], r["form"]) for r in rows}
+    for rule in bench.RULES:
+        assert {(rule, "recurrent"), (rule, "chunked")} <= have
+        if bench.fla_chunkwise(rule) is not None:
+            assert (rule, "fla_naive") in have
+    assert all(r["seconds"] > 0 and "fraction_of_matmul" in r for r in rows)
+
+
+def test_unknown_rule_is_refused():
+    with pytest.raises(ValueError, match="rule must be one of"):
+        bench.bench_delta_rule((32,), rule="mamba")

@@ -4,17 +4,22 @@ Performance claims in the course come from here, never from timed unit tests. Ev
 written records the hardware, the versions and the git commit it was measured at.
 
     python -m tinyk3.bench delta_rule --T 1024 4096 --csv out.csv --plot out.png
+    python -m tinyk3.bench delta_rule gated_delta_rule kda --T 4096 --C 64 --fla
     python -m tinyk3.bench matmul
 
-Forms timed for the delta rule (``form`` column):
+Rules (``rule`` column): ``delta_rule`` (chapters 8 and 9), ``gated_delta_rule`` (chapter 10) and
+``kda`` (chapter 11); several in one run share the same matmul rate, so their times compare.
+Forms timed for each rule (``form`` column):
 
 * ``recurrent``: the token loop (up to ``--loop-max-T``);
 * ``chunked``: the chunked PyTorch form, several chunk sizes;
 * ``fla_naive`` (``--fla``, CPU): flash-linear-attention's reference chunked code
-  (``fla.ops.delta_rule.naive.delta_rule_chunkwise``), where fla is installed;
-* ``triton`` (``--triton``; default on a GPU): chapter 9's kernel, ``tinyk3.kernels`` (on CPU it
-  runs under the Triton interpreter: a correctness path, slow, for tiny sizes only);
-* ``fla_chunk`` (``--fla`` on a GPU): fla's Triton kernel ``chunk_delta_rule``;
+  (``delta_rule_chunkwise``, ``naive_chunk_gated_delta_rule``, ``naive_chunk_kda``), where fla
+  is installed;
+* ``triton`` (``--triton``; default on a GPU): the kernels of ``tinyk3.kernels`` (on CPU they
+  run under the Triton interpreter: a correctness path, slow, for tiny sizes only);
+* ``fla_chunk`` (``--fla`` on a GPU): fla's Triton kernels ``chunk_delta_rule``,
+  ``chunk_gated_delta_rule``, ``chunk_kda``;
 * ``sdpa`` (``--sdpa``; default on a GPU): causal softmax attention at the same shapes
   (``torch.nn.functional.scaled_dot_product_attention``), the quadratic baseline.
 
@@ -43,7 +48,7 @@ from .cost import chunked_delta_rule_flops, sdpa_flops
 from .timing import Timing, time_fn
 
 __all__ = ["environment", "git_commit", "stamp", "time_fn", "Timing", "matmul_flops", "fla_chunkwise",
-           "fla_chunk_kernel", "triton_chunked", "bench_delta_rule", "main"]
+           "fla_chunk_kernel", "triton_chunked", "bench_delta_rule", "RULES", "main"]
 
 
 def git_commit(cwd: Path | None = None) -> tuple[str, bool | None]:
@@ -99,47 +104,91 @@ def matmul_flops(n: int = 512, dtype=torch.float32, repeats: int = 10, device: s
 
 
 
-def fla_chunkwise():
-    """fla's reference chunked delta rule (``delta_rule_chunkwise(q, k, v, beta, chunk_size)``),
-    or ``None`` when flash-linear-attention is not installed. It scales ``q`` by ``Dk^-0.5``
-    and needs ``T`` to be a multiple of the chunk size; neither changes its speed."""
+RULES = ("delta_rule", "gated_delta_rule", "kda")
+
+
+def fla_chunkwise(rule: str = "delta_rule"):
+    """fla's reference chunked code for ``rule``, as a function of our arguments
+    ``(q, k, v, beta, g, chunk_size)`` in our layout, or ``None`` when flash-linear-attention is not
+    installed. ``delta_rule``: ``delta_rule_chunkwise`` (layout ``[B, H, T, D]``);
+    ``gated_delta_rule``: ``naive_chunk_gated_delta_rule`` (``[B, T, H, D]``, and ``g`` before
+    ``beta``); ``kda``: ``naive_chunk_kda`` (``[B, T, H, D]``, ``T`` a multiple of the chunk). The
+    transposes to fla's layout are done once, outside the timed call (:func:`bench_delta_rule`). fla
+    scales ``q`` by ``Dk^-0.5``, which does not change its speed."""
     try:
-        from fla.ops.delta_rule.naive import delta_rule_chunkwise
+        if rule == "delta_rule":
+            from fla.ops.delta_rule.naive import delta_rule_chunkwise
+
+            return lambda q, k, v, beta, g, C: delta_rule_chunkwise(q, k, v, beta, chunk_size=C)
+        if rule == "gated_delta_rule":
+            from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule as f
+
+            return lambda q, k, v, beta, g, C: f(q, k, v, g, beta, chunk_size=C)
+        from fla.ops.kda.naive import naive_chunk_kda as f
+
+        return lambda q, k, v, beta, g, C: f(q, k, v, g, beta, chunk_size=C)
     except Exception:  # not installed, or its import fails (it needs triton)
         return None
-    return delta_rule_chunkwise
 
 
-def fla_chunk_kernel():
-    """fla's Triton kernel ``chunk_delta_rule`` (GPU only), or ``None`` without fla."""
+def fla_chunk_kernel(rule: str = "delta_rule"):
+    """fla's Triton kernel for ``rule`` (GPU only: ``chunk_delta_rule``, ``chunk_gated_delta_rule``,
+    ``chunk_kda``), as a function of ``(q, k, v, beta, g)`` in fla's layout ``[B, T, H, D]``
+    with ``scale=1.0``, or ``None`` without fla."""
     try:
-        from fla.ops.delta_rule import chunk_delta_rule
+        if rule == "delta_rule":
+            from fla.ops.delta_rule import chunk_delta_rule
+
+            return lambda q, k, v, beta, g: chunk_delta_rule(q, k, v, beta, scale=1.0)
+        if rule == "gated_delta_rule":
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as f
+        else:
+            from fla.ops.kda import chunk_kda as f
+        return lambda q, k, v, beta, g: f(q, k, v, g, beta, scale=1.0)
     except Exception:
         return None
-    return chunk_delta_rule
 
 
-def triton_chunked():
-    """``tinyk3.kernels.delta_rule.chunked``, or ``None`` without Triton."""
+def triton_chunked(rule: str = "delta_rule"):
+    """``tinyk3.kernels.<rule>.chunked``, or ``None`` without Triton (or without that kernel)."""
     from . import kernels
 
-    return kernels.delta_rule.chunked if kernels.AVAILABLE else None
+    if not kernels.AVAILABLE:
+        return None
+    return getattr(getattr(kernels, rule, None), "chunked", None)
 
+
+def _rule_inputs(rule, B, H, T, D, seed):
+    """q, k (unit rows), v, β ∈ (0, 1) and, for the gated rules, log decays in (−1, 0)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    beta = torch.rand(B, H, T, generator=g)
+    shape = {"delta_rule": None, "gated_delta_rule": (B, H, T), "kda": (B, H, T, D)}[rule]
+    gate = None if shape is None else -torch.rand(*shape, generator=g)
+    return q, k, v, beta, gate
 
 
 def bench_delta_rule(Ts=(256, 1024, 4096), *, B=1, H=4, D=64, chunk_sizes=(16, 32, 64, 128),
                      loop_max_T=1024, repeats=3, dtype=torch.float32, fla=False, triton=None,
-                     sdpa=None, device="cpu") -> list[dict]:
-    """Time the delta-rule forms; returns one row per (form, T, C).
+                     sdpa=None, device="cpu", rule="delta_rule") -> list[dict]:
+    """Time the forms of ``rule`` (``"delta_rule"``, ``"gated_delta_rule"``, ``"kda"``); returns one
+    row per (form, T, C), with a ``rule`` column.
 
     ``fla=True`` adds fla's code: its reference chunked code on CPU (``fla_naive``, chunk sizes
     that divide ``T``), its Triton kernel on a GPU (``fla_chunk``, its own chunk size, 64).
-    ``triton`` adds chapter 9's kernel (chunk sizes 16, 32, 64; on CPU under the interpreter),
+    ``triton`` adds the Triton kernel (chunk sizes 16, 32, 64; on CPU under the interpreter),
     ``sdpa`` causal softmax attention; both default to on for ``device="cuda"``, off on CPU.
-    A form whose package is missing is skipped with a message.
+    A form whose package is missing is skipped with a message. The FLOP rate of every chunked
+    form uses the delta rule's count (:func:`tinyk3.cost.chunked_delta_rule_flops`): the gates add
+    elementwise work only, so the gated rules' rates are the rate of the same matrix products.
     """
-    from .ops import delta_rule
+    from . import ops
 
+    if rule not in RULES:
+        raise ValueError(f"bench_delta_rule: rule must be one of {RULES}, got {rule!r}")
+    op = getattr(ops, rule)
+    gated = rule != "delta_rule"
     device = torch.device(device).type
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("bench_delta_rule: device='cuda' but torch sees no CUDA device")
@@ -148,23 +197,24 @@ def bench_delta_rule(Ts=(256, 1024, 4096), *, B=1, H=4, D=64, chunk_sizes=(16, 3
     on_gpu = device == "cuda"
     triton = on_gpu if triton is None else triton
     sdpa = on_gpu if sdpa is None else sdpa
-    fla_fn = (fla_chunk_kernel() if on_gpu else fla_chunkwise()) if fla else None
+    fla_fn = (fla_chunk_kernel(rule) if on_gpu else fla_chunkwise(rule)) if fla else None
     if fla and fla_fn is None:
         print("# fla (flash-linear-attention) is not installed: skipping the fla rows")
-    triton_fn = triton_chunked() if triton else None
+    triton_fn = triton_chunked(rule) if triton else None
     if triton and triton_fn is None:
         from . import kernels
 
-        print(f"# skipping the triton rows: {kernels.REASON}")
+        print(f"# skipping the triton rows of {rule}: "
+              f"{kernels.REASON if not kernels.AVAILABLE else 'no kernel for this rule'}")
     if triton_fn is not None and not on_gpu:
         print("# triton rows on CPU run under the Triton interpreter: a correctness path, not a speed")
     rows = []
     for T in Ts:
-        g = torch.Generator().manual_seed(T)
-        q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
-        k = torch.nn.functional.normalize(k, dim=-1)
-        beta = torch.rand(B, H, T, generator=g)
+        q, k, v, beta, gate = _rule_inputs(rule, B, H, T, D, seed=T)
         q, k, v, beta = (t.to(device=device, dtype=dtype) for t in (q, k, v, beta))
+        if gated:
+            gate = gate.to(device=device, dtype=dtype)
+        args = (q, k, v, beta, gate) if gated else (q, k, v, beta)
         forms = [("recurrent", 1)] if T <= loop_max_T else []
         forms += [("chunked", C) for C in chunk_sizes]
         if triton_fn is not None:
@@ -173,21 +223,21 @@ def bench_delta_rule(Ts=(256, 1024, 4096), *, B=1, H=4, D=64, chunk_sizes=(16, 3
             forms += [("fla_chunk", 64)] if on_gpu else [("fla_naive", C) for C in chunk_sizes if T % C == 0]
         if sdpa:
             forms += [("sdpa", T)]
-        if any(name == "fla_chunk" for name, _ in forms):  # fla's kernels take [B, T, H, D]
-            qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-            bt = beta.transpose(1, 2).contiguous()
+        fla_args = (q, k, v, beta, gate)  # fla's delta-rule code takes our layout [B, H, T, D]
+        if fla_fn is not None and (gated or on_gpu):  # the others take [B, T, H, D]
+            fla_args = tuple(None if x is None else x.transpose(1, 2).contiguous() for x in fla_args)
         with torch.no_grad():
             for name, C in forms:
                 if name == "recurrent":
-                    fn = lambda: delta_rule.recurrent(q, k, v, beta)  # noqa: E731, B023
+                    fn = lambda: op.recurrent(*args)  # noqa: E731, B023
                 elif name == "chunked":
-                    fn = lambda: delta_rule.chunked(q, k, v, beta, chunk_size=C)  # noqa: E731, B023
+                    fn = lambda: op.chunked(*args, chunk_size=C)  # noqa: E731, B023
                 elif name == "triton":
-                    fn = lambda: triton_fn(q, k, v, beta, chunk_size=C)  # noqa: E731, B023
+                    fn = lambda: triton_fn(*args, chunk_size=C)  # noqa: E731, B023
                 elif name == "fla_naive":
-                    fn = lambda: fla_fn(q, k, v, beta, chunk_size=C)  # noqa: E731, B023
+                    fn = lambda: fla_fn(*fla_args, C)  # noqa: E731, B023
                 elif name == "fla_chunk":
-                    fn = lambda: fla_fn(qt, kt, vt, bt, scale=1.0)  # noqa: E731, B023
+                    fn = lambda: fla_fn(*fla_args)  # noqa: E731, B023
                 else:  # sdpa
                     fn = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
                         q, k, v, is_causal=True)  # noqa: B023
@@ -198,7 +248,7 @@ def bench_delta_rule(Ts=(256, 1024, 4096), *, B=1, H=4, D=64, chunk_sizes=(16, 3
                     flops = B * H * sdpa_flops(T, D)
                 else:
                     flops = B * H * chunked_delta_rule_flops(T, D, C, Dv=D)
-                rows.append({"form": name, "T": T, "C": C, "B": B, "H": H, "D": D,
+                rows.append({"rule": rule, "form": name, "T": T, "C": C, "B": B, "H": H, "D": D,
                              "dtype": str(dtype).replace("torch.", ""), "device": device,
                              "seconds": seconds, "tokens_per_s": B * T / seconds,
                              "gflops_per_s": flops / seconds / 1e9})
@@ -241,8 +291,11 @@ def _plot(rows: list[dict], env: dict, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     series: dict[str, list] = {}  # one line per form and chunk size; sdpa, recurrent, fla_chunk per form
+    several = len({r.get("rule", "delta_rule") for r in rows}) > 1
     for r in rows:
         label = r["form"] if r["form"] in _NO_CHUNK_SIZE else f"{r['form']}, C={r['C']}"
+        if several:
+            label = f"{r.get('rule', 'delta_rule')}: {label}"
         series.setdefault((r["form"], 0 if r["form"] in _NO_CHUNK_SIZE else r["C"], label), []).append(
             (r["T"], r["tokens_per_s"]))
     styles = {"chunked": "o-", "triton": "s-", "fla_naive": "^--", "fla_chunk": "^--", "sdpa": "k*-",
@@ -250,9 +303,10 @@ def _plot(rows: list[dict], env: dict, path: str) -> None:
     for (form, _, label), pts in sorted(series.items()):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], styles.get(form, "o-"), label=label)
+    rules = ", ".join(sorted({r.get("rule", "delta_rule") for r in rows}))
+    where = env["cuda"] if env.get("device") == "cuda" else env["processor"]
     ax.set(xscale="log", yscale="log", xlabel="T", ylabel="tokens / s",
-           title=(f"delta rule forward, {env['cuda'] if env.get('device') == 'cuda' else env['processor']}, "
-                  f"{env.get('dtype', 'float32')}, torch {env['torch']}"))
+           title=f"{rules} forward, {where}, {env.get('dtype', 'float32')}, torch {env['torch']}")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.text(0.01, 0.01, stamp(env), fontsize=7)
     fig.savefig(path, bbox_inches="tight", dpi=120)
@@ -260,7 +314,8 @@ def _plot(rows: list[dict], env: dict, path: str) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m tinyk3.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["delta_rule", "matmul"], nargs="?", default="delta_rule")
+    ap.add_argument("what", choices=[*RULES, "matmul"], nargs="*", default=["delta_rule"],
+                    help="the rules to time (several in one run share one matmul rate), or matmul")
     ap.add_argument("--T", type=int, nargs="+", default=[256, 1024, 4096])
     ap.add_argument("--C", type=int, nargs="+", default=[16, 32, 64, 128])
     ap.add_argument("--B", type=int, default=1)
@@ -293,22 +348,28 @@ def main(argv=None) -> None:
     label = f"matmul {n_peak}x{n_peak} {str(dtype_peak).replace('torch.', '')}"
     peak = matmul_flops(n_peak, dtype_peak, device=args.device)
     print(f"# {label}: {peak / 1e9:.1f} GFLOP/s")
-    if args.what == "matmul":
+    if "matmul" in args.what and len(args.what) > 1:
+        ap.error("matmul is timed alone")
+    if args.what == ["matmul"]:
         rows = [{"n": n, "gflops_per_s": matmul_flops(n, dtype_peak, device=args.device) / 1e9}
                 for n in (64, 128, 256, 512, 1024)]
         _print_table(rows, ["n", "gflops_per_s"])
     else:
-        rows = bench_delta_rule(args.T, B=args.B, H=args.H, D=args.D, chunk_sizes=args.C,
-                                loop_max_T=args.loop_max_T, repeats=args.repeats, fla=args.fla,
-                                triton=args.triton, sdpa=args.sdpa, device=args.device, dtype=dtype)
+        rows = []
+        for rule in args.what:
+            rows += bench_delta_rule(args.T, B=args.B, H=args.H, D=args.D, chunk_sizes=args.C,
+                                     loop_max_T=args.loop_max_T, repeats=args.repeats, fla=args.fla,
+                                     triton=args.triton, sdpa=args.sdpa, device=args.device,
+                                     dtype=dtype, rule=rule)
         # measured again after the forms, and the higher rate kept: on a shared machine a busy
         # moment lowers one measurement, and a fraction of a rate that is too low flatters
         after = matmul_flops(n_peak, dtype_peak, device=args.device)
-        print(f"# {label} after the delta-rule forms: {after / 1e9:.1f} GFLOP/s")
+        print(f"# {label} after the forms: {after / 1e9:.1f} GFLOP/s")
         peak = max(peak, after)
         for r in rows:
             r["fraction_of_matmul"] = r["gflops_per_s"] * 1e9 / peak if r["gflops_per_s"] else 0.0
-        keys = ["form", "T", "C", "seconds", "tokens_per_s", "gflops_per_s", "fraction_of_matmul"]
+        keys = ["rule", "form", "T", "C", "seconds", "tokens_per_s", "gflops_per_s",
+                "fraction_of_matmul"]
         _print_table(rows, keys)
         if args.plot:
             _plot(rows, env, args.plot)

@@ -4,6 +4,10 @@
 * :mod:`tinyk3.ops.feature_maps` - φ for linear attention (chapter 3)
 * :mod:`tinyk3.ops.delta_rule` - ``recurrent``, ``parallel`` (chapter 5), ``chunked`` (chapter 8)
 * :mod:`tinyk3.ops.wy` - the WY representation and the UT transform (chapter 7)
+* :mod:`tinyk3.ops.gated_delta_rule` - Gated DeltaNet, one decay per head: ``recurrent``,
+  ``chunked`` (chapter 10)
+* :mod:`tinyk3.ops.kda` - Kimi Delta Attention, one decay per key channel: ``recurrent``,
+  ``chunked`` (chapter 11)
 
 No operator scales or normalises q and k itself; the layers in :mod:`tinyk3.layers` do.
 
@@ -12,6 +16,6 @@ chunk layout ``[B, H, N, C, ...]``, the initial state (zeros, or checked and cas
 accumulation dtype) and the in-place exclusive scan over chunks.
 """
 
-from . import chunks, delta_rule, feature_maps, linear_attention, wy
+from . import chunks, delta_rule, feature_maps, gated_delta_rule, kda, linear_attention, wy
 
-__all__ = ["linear_attention", "delta_rule", "feature_maps", "wy", "chunks"]
+__all__ = ["linear_attention", "delta_rule", "gated_delta_rule", "kda", "feature_maps", "wy", "chunks"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -52,3 +54,27 @@ def check_beta(beta, B: int, H: int, T: int, like: torch.Tensor, op: str) -> Non
         raise TypeError(f"{op}: beta must have the dtype of q, k, v ({like.dtype}), got {beta.dtype}")
     if beta.device != like.device:
         raise ValueError(f"{op}: beta is on {beta.device}, the inputs on {like.device}")
+
+
+def check_gate(g, B: int, H: int, T: int, Dk: int | None, like: torch.Tensor, op: str) -> None:
+    """``g``: the log decay, ``[B, H, T]`` (one gate per head, ``Dk=None``) or ``[B, H, T, Dk]`` (one
+    per key channel), the dtype and device of ``q``, finite and ``≤ 0`` (a decay factor
+    ``exp(g) ∈ (0, 1]``)."""
+    shape = [B, H, T] if Dk is None else [B, H, T, Dk]
+    name = "[B, H, T]" if Dk is None else "[B, H, T, Dk]"
+    if not isinstance(g, torch.Tensor):
+        raise TypeError(f"{op}: g must be a torch.Tensor {name}, got {type(g).__name__}")
+    if list(g.shape) != shape:
+        raise ValueError(f"{op}: g (the log decay) must have shape {name} = {shape}, got {list(g.shape)}")
+    if g.dtype != like.dtype:
+        raise TypeError(f"{op}: g must have the dtype of q, k, v ({like.dtype}), got {g.dtype}")
+    if g.device != like.device:
+        raise ValueError(f"{op}: g is on {g.device}, the inputs on {like.device}")
+    if g.numel():
+        lo, hi = (x.item() for x in torch.aminmax(g.detach()))  # one pass; NaN propagates
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            bad = int((~torch.isfinite(g)).sum())
+            raise ValueError(f"{op}: g has {bad} non-finite values (NaN or inf)")
+        if hi > 0:
+            raise ValueError(f"{op}: g is a log decay and must be <= 0 (exp(g) in (0, 1]); its "
+                             f"largest value is {hi:.4g}")

@@ -28,7 +28,7 @@ from .chunks import chunk_size as check_chunk_size
 from .chunks import from_chunks, to_chunks
 from .chunks import initial_state as initial_state_
 
-__all__ = ["recurrent", "parallel", "chunked", "wy_stage", "state_pass"]
+__all__ = ["recurrent", "parallel", "chunked", "wy_stage", "ut_transform", "state_pass"]
 
 
 def recurrent(
@@ -163,28 +163,43 @@ def wy_stage(K: torch.Tensor, V: torch.Tensor, b: torch.Tensor) -> tuple[torch.T
     ``diag(β) K Kᵀ`` goes in unmasked, and the right-hand side ``diag(β)`` gives
     ``A⁻¹ diag(β)`` directly. :func:`tinyk3.ops.wy.wy_factors` computes the same (chapter 7).
     """
-    A = (b * K) @ K.transpose(-1, -2)  # diag(β) K Kᵀ; only its strictly lower part is read  [..., C, C]
-    T = torch.linalg.solve_triangular(A, torch.diag_embed(b.squeeze(-1)), upper=False, unitriangular=True)
-    return T @ K, T @ V  # T here is the UT matrix 𝒯 (not the length)
+    T = ut_transform(K @ K.transpose(-1, -2), b)  # T here is the UT matrix 𝒯 (not the length)
+    return T @ K, T @ V
+
+
+def ut_transform(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The UT matrix ``𝒯 = (I + tril(diag(β) A, −1))⁻¹ diag(β)`` of each chunk, from its key scores.
+
+    ``A [..., C, C]``: ``K Kᵀ`` for the delta rule, the decayed scores of the gated rules
+    (chapters 10 and 11); only its strictly lower triangle is read (the triangular solve takes the
+    diagonal as ones), so it may go in unmasked. ``b [..., C, 1]``: β as a column.
+    """
+    return torch.linalg.solve_triangular(b * A, torch.diag_embed(b.squeeze(-1)), upper=False,
+                                         unitriangular=True)
 
 
 def state_pass(
-    W: torch.Tensor, U: torch.Tensor, Kt: torch.Tensor, S: torch.Tensor
+    W: torch.Tensor, U: torch.Tensor, Kt: torch.Tensor, S: torch.Tensor,
+    decay: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stage 3 of :func:`chunked`, the sequential one: for ``c = 0 .. N−1``
 
         U'_[c]  = U_[c] − W_[c] S_[c]
-        S_[c+1] = S_[c] + K_[c]ᵀ U'_[c]
+        S_[c+1] = S_[c] + K_[c]ᵀ U'_[c]              (decay=None: the delta rule)
+        S_[c+1] = decay_[c] ⊙ S_[c] + K_[c]ᵀ U'_[c]  (the gated rules, chapters 10 and 11)
 
     Two batched matrix products per chunk (``torch.baddbmm``: ``input + α · batch1 @ batch2``).
-    ``W [BH, N, C, Dk]``, ``U [BH, N, C, Dv]``, ``Kt [BH, N, Dk, C]`` (``K_[c]ᵀ``), ``S [BH, Dk, Dv]``
-    (``S_[0]``). Returns every ``S_[c]`` ``[BH, N, Dk, Dv]``, every ``U'_[c]`` ``[BH, N, C, Dv]``
-    and the final state ``S_[N]`` ``[BH, Dk, Dv]``.
+    ``W [BH, N, C, Dk]``, ``U [BH, N, C, Dv]``, ``Kt [BH, N, Dk, C]`` (``K_[c]ᵀ``, already decayed
+    to the chunk's end by the gated rules), ``S [BH, Dk, Dv]`` (``S_[0]``), ``decay``
+    ``[BH, N, 1, 1]`` (one factor per chunk and head) or ``[BH, N, Dk, 1]`` (one per key row).
+    Returns every ``S_[c]`` ``[BH, N, Dk, Dv]``, every ``U'_[c]`` ``[BH, N, C, Dv]`` and the final
+    state ``S_[N]`` ``[BH, Dk, Dv]``.
     """
     states, deltas = [], []
     for c in range(W.shape[1]):
         states.append(S)  # S_[c]
         u = torch.baddbmm(U[:, c], W[:, c], S, alpha=-1)  # U'_[c] = U_[c] − W_[c] S_[c]  [BH, C, Dv]
         deltas.append(u)
-        S = torch.baddbmm(S, Kt[:, c], u)  # S_[c+1] = S_[c] + K_[c]ᵀ U'_[c]           [BH, Dk, Dv]
+        kept = S if decay is None else decay[:, c] * S  # what survives the chunk's decay
+        S = torch.baddbmm(kept, Kt[:, c], u)  # S_[c+1] = kept + K_[c]ᵀ U'_[c]          [BH, Dk, Dv]
     return torch.stack(states, dim=1), torch.stack(deltas, dim=1), S

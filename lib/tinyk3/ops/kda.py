@@ -1,0 +1,203 @@
+"""Kimi Delta Attention (chapter 11; Kimi Linear, arXiv 2510.26692): Gated DeltaNet with one
+forget gate per key channel, i.e. per row of the state.
+
+    S_t = (I − β_t k_tᵀ k_t) Diag(α_t) S_{t−1} + β_t k_tᵀ v_t,   α_t = exp(g_t) ∈ (0, 1]^Dk
+    o_t = q_t S_t
+
+``g [B, H, T, Dk]`` is the log decay, channel by channel. With ``g`` equal across channels this is
+:mod:`tinyk3.ops.gated_delta_rule`; with ``g = 0``, :mod:`tinyk3.ops.delta_rule`.
+
+Contract (``../shared/course/CONTRACTS.md``)::
+
+    recurrent(q, k, v, beta, g, *, initial_state=None) -> (o, S_T)
+    chunked(q, k, v, beta, g, *, chunk_size=64, initial_state=None) -> (o, S_T)
+
+``chunked`` is finite and accurate in float32 for every ``g_t ≥ −5`` per step and channel (the
+lower-bound gate of Kimi K3) at every chunk size, and for any ``g ≤ 0`` through a slower path
+(:func:`pair_scores`); chapter 11 measures both.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_beta, check_gate, check_qkv
+from .chunks import chunk_size as check_chunk_size
+from .chunks import from_chunks, to_chunks
+from .chunks import initial_state as initial_state_
+from .delta_rule import state_pass, ut_transform
+from .gated_delta_rule import suffix_sum, token_loop
+
+__all__ = ["recurrent", "chunked", "pair_scores", "sub_chunk_size", "SUB_CHUNK", "EXP_LIMIT"]
+
+SUB_CHUNK = 16  # tokens per sub-chunk (fla's chunk_intra, FlashKDA's CHUNK = 16)
+# The factorised diagonal blocks hold exp(−Σ g) over at most one sub-chunk; float32's exp
+# overflows past 88.72. Past this bound the diagonal blocks switch to the exact pairwise form.
+EXP_LIMIT = 80.0
+
+
+def recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference token loop. Returns ``(o [B, H, T, Dv], S_T [B, H, Dk, Dv])``; the state is
+    accumulated in float32 (float64 for float64 inputs). Differentiable.
+
+    The gate scales row ``d`` of the state by ``exp(g_t[d])`` before the read and the write
+    (``Diag(α_t) S_{t−1}``), the loop of :func:`tinyk3.ops.gated_delta_rule.token_loop`.
+    """
+    op = "kda.recurrent"
+    B, H, T, Dk, Dv = check_qkv(q, k, v, op)
+    check_beta(beta, B, H, T, q, op)
+    check_gate(g, B, H, T, Dk, q, op)
+    S = initial_state_(initial_state, (B, H, Dk, Dv), q, op)
+    return token_loop(q, k, v, beta, g, S)
+
+
+def sub_chunk_size(C: int) -> int:
+    """Tokens per sub-chunk for chunk size ``C``: 16 when 16 divides ``C``, else the largest power
+    of two below 16 that divides ``C`` (``C`` itself when ``C < 16`` is a power of two)."""
+    s = SUB_CHUNK
+    while C % s:
+        s //= 2
+    return s
+
+
+def pair_scores(X: torch.Tensor, Y: torch.Tensor, L: torch.Tensor, r: torch.Tensor, *,
+                strict: bool, exact_diagonal: bool = False) -> torch.Tensor:
+    """``P_ij = Σ_d X_id Y_jd exp(G_id − G_jd)`` for ``j ≤ i`` (``j < i`` if ``strict``), 0 above,
+    for every chunk: ``K Kᵀ`` and ``Q Kᵀ`` with the per-channel decay between tokens ``j`` and ``i``.
+
+    The chunk's ``C`` tokens are cut into ``n`` sub-chunks of ``s`` tokens. Inputs are per
+    sub-chunk, ``[Z, n, s, D]``: rows ``X``, columns ``Y``, the cumulative gate *inside* each
+    sub-chunk ``L`` (``L_i = Σ g`` from the sub-chunk's first token to ``i``), and ``r [Z, n, 1, D]``,
+    the cumulative gate before each sub-chunk (its reference point; ``G_i = r_a + L_i``).
+
+    For row ``i`` in sub-chunk ``a`` and column ``j`` in sub-chunk ``b ≤ a``:
+    ``exp(G_i − G_j) = exp(L_i) · exp(r_a − r_b − L_j)``. The row factor ``exp(L_i)`` lies in
+    ``[e^{−5s}, 1]`` for gates ``≥ −5``; the column factor is ``≤ 1`` when ``b < a`` (``j`` comes
+    before the reference point), and ``exp(−L_j) ≤ e^{5s}`` (``5.5e34`` at ``s = 16``) inside the
+    diagonal block ``b = a``. So every block is one matrix product of bounded factors; pairs with
+    ``b > a`` are never formed. ``exact_diagonal``: the diagonal blocks use ``exp(L_i − L_j)``
+    pair by pair instead (``[Z, n, s, s, D]`` elementwise work, finite for any ``g ≤ 0``).
+    Returns ``[Z, C, C]`` with ``C = n s``.
+    """
+    strict_ = (strict,)
+    return _pair_scores([X], Y, L, r, strict=strict_, exact_diagonal=exact_diagonal)[0]
+
+
+def _pair_scores(Xs, Y, L, r, *, strict, exact_diagonal=False):
+    """:func:`pair_scores` for several row matrices against one ``Y`` (``K Kᵀ`` and ``Q Kᵀ`` share
+    the column factors): ``Xs`` a list of ``[Z, n, s, D]``, ``strict`` a tuple of bools (one per X).
+
+    Row block ``a`` needs the columns of blocks ``0..a`` only, and ``r_a − r_b − L_j = r_a − G_j``
+    (``G_j = r_b + L_j``), so block row ``a`` is one product ``(X_a ⊙ e^{L_a}) (Y_{≤a} ⊙
+    e^{r_a − G_{≤a}})ᵀ``: the ``(b > a)`` blocks are never formed, and no exponent is masked.
+    """
+    Z, n, s, D = Y.shape
+    C = n * s
+    G = (r + L).reshape(Z, C, D)  # G_j from the chunk's start
+    Yf = Y.reshape(Z, C, D)
+    rows = torch.exp(L)  # e^{L_i}, shared by every X                               [Z, n, s, D]
+    out = [Y.new_zeros(Z, C, C) for _ in Xs]
+    keep = [torch.ones(s, s, dtype=torch.bool, device=Y.device).tril(-1 if st else 0)
+            for st in strict]  # the causal mask inside a diagonal block
+    for a in range(n):
+        lo, hi = a * s, (a + 1) * s
+        end = lo if exact_diagonal else hi  # the columns this block row needs
+        if end == 0:
+            continue
+        cols = (Yf[:, :end] * torch.exp(r[:, a] - G[:, :end])).transpose(-1, -2)  # y_j e^{r_a − G_j}
+        for P, X, m in zip(out, Xs, keep):
+            blk = (X[:, a] * rows[:, a]) @ cols  # [Z, s, end]
+            if not exact_diagonal:
+                blk[:, :, lo:] *= m  # mask inside the diagonal block only
+            P[:, lo:hi, :end] = blk
+    if exact_diagonal:  # exp(L_i − L_j) elementwise inside each sub-chunk (L_i ≤ L_j for j ≤ i)
+        i = torch.arange(s, device=Y.device)
+        lower = (i[:, None] >= i[None, :])[None, None, :, :, None]
+        Ed = L.unsqueeze(3) - L.unsqueeze(2)  # L_i − L_j                               [Z, n, s, s, D]
+        Ed = torch.exp(torch.where(lower, Ed, torch.full_like(Ed, -torch.inf)))
+        for P, X, m in zip(out, Xs, keep):
+            diag = torch.einsum("znid,znjd,znijd->znij", X, Y, Ed) * m  # [Z, n, s, s]
+            for a in range(n):
+                P[:, a * s:(a + 1) * s, a * s:(a + 1) * s] = diag[:, a]
+    return out
+
+
+def chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunkwise KDA. Same contract as :func:`recurrent`.
+
+    Inside a chunk, ``G_i = Σ_{s ≤ i} g_s`` per channel (``γ_i = exp(G_i)``, a row vector) and the
+    decayed scores ``A_ij = Σ_d k_id k_jd exp(G_id − G_jd)`` for ``j < i`` (:func:`pair_scores`)::
+
+        𝒯       = (I + tril(diag(β) A, −1))⁻¹ diag(β)
+        W       = 𝒯 (K ⊙ Γ),    U = 𝒯 V          (rows of K ⊙ Γ: k_i ⊙ γ_i)
+        U'      = U − W S_[c]
+        O_[c]   = (Q ⊙ Γ) S_[c] + Ω U',   Ω_ij = Σ_d q_id k_jd exp(G_id − G_jd)  (j ≤ i)
+        S_[c+1] = Diag(γ_C) S_[c] + (K ⊙ γ_C / Γ)ᵀ U'
+
+    Unlike Gated DeltaNet's, ``A`` is no rescaling of ``K Kᵀ``: it is ``(K ⊙ Γ)(K ⊘ Γ)ᵀ``, and
+    ``K ⊘ Γ`` holds ``exp(−G)``, which overflows float32 within a chunk of strong gates
+    (``e^{320}`` over 64 tokens at ``g = −5``). :func:`pair_scores` works in 16-token sub-chunks
+    with a reference point each, so every factor stays bounded; if some sub-chunk's gates sum
+    below ``−EXP_LIMIT`` (possible only for gates below ``−5``) its diagonal blocks are computed
+    pair by pair. Every other factor (``exp(G_i)``, ``exp(G_C − G_i)``, ``exp(G_C)``) is ``≤ 1``.
+    Any ``chunk_size ≥ 1`` (sub-chunks: :func:`sub_chunk_size`); differentiable.
+    """
+    op = "kda.chunked"
+    B, H, T, Dk, Dv = check_qkv(q, k, v, op)
+    check_beta(beta, B, H, T, q, op)
+    check_gate(g, B, H, T, Dk, q, op)
+    C = check_chunk_size(chunk_size, op)
+    S = initial_state_(initial_state, (B, H, Dk, Dv), q, op).reshape(B * H, Dk, Dv)
+    acc, out_dtype = S.dtype, v.dtype
+    if T == 0:
+        return v.new_zeros(B, H, 0, Dv), S.view(B, H, Dk, Dv).clone()
+    Q, K, V, gc = (to_chunks(t.to(acc), C).flatten(0, 1) for t in (q, k, v, g))  # [BH, N, C, D]
+    b = to_chunks(beta.to(acc).unsqueeze(-1), C).flatten(0, 1)  # [BH, N, C, 1]
+    BH, N = Q.shape[:2]
+    s = sub_chunk_size(C)
+    n = C // s
+
+    # the gates: inside each sub-chunk (L), before each sub-chunk (r), from the chunk's start (G)
+    sub = gc.reshape(BH * N, n, s, Dk)
+    L = sub.cumsum(2)  # [BH·N, n, s, Dk]
+    r = torch.cat([torch.zeros_like(L[:, :1, -1:]), L[:, :-1, -1:].cumsum(1)], dim=1)  # [.., n, 1, Dk]
+    G = (r + L).reshape(BH, N, C, Dk)  # G_i = r_a + L_i
+    G_rest = suffix_sum(gc)  # G_C − G_i = Σ_{s > i} g_s                          [BH, N, C, Dk]
+    exact = bool((L.detach().amin() < -EXP_LIMIT).item()) if L.numel() else False
+
+    # the decayed scores of keys with keys (A, j < i) and queries with keys (Ω, j ≤ i), sharing
+    # the keys' factors
+    A, Om = (P.reshape(BH, N, C, C) for P in _pair_scores(
+        [K.reshape(BH * N, n, s, Dk), Q.reshape(BH * N, n, s, Dk)], K.reshape(BH * N, n, s, Dk), L, r,
+        strict=(True, False), exact_diagonal=exact))
+
+    # (1) the decayed UT transform and WY factors; A_ij = Σ_d k_id k_jd exp(G_id − G_jd), j < i
+    Tk = ut_transform(A, b)
+    gamma = torch.exp(G)  # γ_i, per channel                                          [BH, N, C, Dk]
+    W, U = Tk @ (K * gamma), Tk @ V
+    # (2) Ω_ij = Σ_d q_id k_jd exp(G_id − G_jd), j ≤ i: computed above with A
+    # (3) the state pass: S_[c+1] = Diag(γ_C) S_[c] + (K ⊙ γ_C / Γ)ᵀ U'
+    Kt = (K * torch.exp(G_rest)).transpose(-1, -2)  # [BH, N, Dk, C]
+    decay = torch.exp(G[:, :, -1]).unsqueeze(-1)  # γ_C, one factor per row of S      [BH, N, Dk, 1]
+    S_all, U_new, S = state_pass(W, U, Kt, S, decay)
+    # (4) O_[c] = (Q ⊙ Γ) S_[c] + Ω U'
+    o = (Q * gamma) @ S_all + Om @ U_new
+    o = from_chunks(o.view(B, H, *o.shape[1:]), T)
+    return o.to(out_dtype), S.view(B, H, Dk, Dv)
