@@ -1,6 +1,10 @@
-"""Triton kernels (chapter 9): the same contracts as :mod:`tinyk3.ops`, written as GPU kernels.
+"""Triton kernels (chapters 9 to 11): the same contracts as :mod:`tinyk3.ops`, written as GPU kernels.
 
 * :mod:`tinyk3.kernels.delta_rule` - ``chunked``: chunkwise DeltaNet in three Triton stages
+* :mod:`tinyk3.kernels.gated_delta_rule` - ``chunked``: chunkwise Gated DeltaNet (chapter 10)
+* :mod:`tinyk3.kernels.kda` - ``chunked``: chunkwise Kimi Delta Attention (chapter 11)
+* :mod:`tinyk3.kernels.gated` - the gated forms of chapter 9's three stages that both share
+  (one constexpr ``GATE``: a gate per head or per key channel)
 * :mod:`tinyk3.kernels.runtime` - what every kernel module shares: the availability probe, the
   per-call choice between compiled and interpreted, jitting (``KernelSet``), launch and input
   checks, compiling for a named GPU without one, ptxas reports
@@ -32,6 +36,6 @@ from .runtime import (  # noqa: F401
 )
 
 __all__ = ["AVAILABLE", "REASON", "TRITON_VERSION", "MIN_TRITON", "TritonUnavailableError",
-           "require_triton", "runtime", "delta_rule"]
+           "require_triton", "runtime", "delta_rule", "gated", "gated_delta_rule", "kda"]
 
-from . import delta_rule, runtime  # noqa: E402
+from . import delta_rule, gated, gated_delta_rule, kda, runtime  # noqa: E402

@@ -10,7 +10,8 @@ delta rule writes as before ("forget before error", the paper's design, fla issu
     o_t   = q_t S_t
 
 ``g_t = log α_t ≤ 0`` is the log decay, as models produce it (:mod:`tinyk3.gates`). ``g = 0``
-is the delta rule, ``β = 0`` a decaying linear-attention state (Mamba-2's, with a key write).
+is the delta rule; dropping the read-back (``S_t = α_t S_{t−1} + k_tᵀ v_t``) would give Mamba-2's
+decaying linear-attention state instead.
 
 Contract (``../shared/course/CONTRACTS.md``)::
 
@@ -19,7 +20,8 @@ Contract (``../shared/course/CONTRACTS.md``)::
     q, k: [B, H, T, Dk]   v: [B, H, T, Dv]   beta, g: [B, H, T]   state: [B, H, Dk, Dv]
 
 Mind the argument order: ``beta`` before ``g`` everywhere in this course, as in fla's
-``chunk_gated_delta_rule``; fla's ``naive_chunk_gated_delta_rule`` takes ``g, beta``.
+``naive_recurrent_gated_delta_rule``; fla's ``chunk_gated_delta_rule`` and
+``naive_chunk_gated_delta_rule`` (fla 0.6.0) take ``g, beta``.
 """
 
 from __future__ import annotations

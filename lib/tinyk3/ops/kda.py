@@ -26,7 +26,7 @@ from .chunks import chunk_size as check_chunk_size
 from .chunks import from_chunks, to_chunks
 from .chunks import initial_state as initial_state_
 from .delta_rule import state_pass, ut_transform
-from .gated_delta_rule import suffix_sum, token_loop
+from .gated_delta_rule import token_loop
 
 __all__ = ["recurrent", "chunked", "pair_scores", "sub_chunk_size", "SUB_CHUNK", "EXP_LIMIT"]
 
@@ -91,19 +91,35 @@ def pair_scores(X: torch.Tensor, Y: torch.Tensor, L: torch.Tensor, r: torch.Tens
     return _pair_scores([X], Y, L, r, strict=strict_, exact_diagonal=exact_diagonal)[0]
 
 
-def _pair_scores(Xs, Y, L, r, *, strict, exact_diagonal=False):
+def _gate_sums(sub: torch.Tensor):
+    """``sub [Z, n, s, D]``: a chunk's gates cut into sub-chunks. Returns ``L`` (summed inside each
+    sub-chunk up to token ``i``), ``r [Z, n, 1, D]`` (summed over the earlier sub-chunks),
+    ``G = r + L`` and ``G_rest = Σ_{s > i} g_s`` to the chunk's end, as the rest of ``i``'s own
+    sub-chunk plus the later sub-chunks' sums: never the difference of two sums over the whole
+    chunk, so its rounding stays that of a sum over at most one sub-chunk."""
+    L = sub.cumsum(2)  # Σ_{s' ≤ i} inside the sub-chunk
+    s = sub.shape[2]  # Σ_{s' > i} inside the sub-chunk: a product with a strictly upper [s, s]
+    after = torch.ones(s, s, dtype=sub.dtype, device=sub.device).triu(1) @ sub  # matrix of ones
+    tot = L[:, :, -1:]  # each sub-chunk's sum                                          [Z, n, 1, D]
+    zero = torch.zeros_like(tot[:, :1])
+    r = torch.cat([zero, tot[:, :-1]], dim=1).cumsum(1)  # Σ over the earlier sub-chunks (n ≤ 4)
+    later = torch.cat([tot[:, 1:], zero], dim=1).flip(1).cumsum(1).flip(1)  # over the later ones
+    return L, r, r + L, after + later
+
+
+def _pair_scores(Xs, Y, L, r, *, strict, exact_diagonal=False, rows=None):
     """:func:`pair_scores` for several row matrices against one ``Y`` (``K Kᵀ`` and ``Q Kᵀ`` share
     the column factors): ``Xs`` a list of ``[Z, n, s, D]``, ``strict`` a tuple of bools (one per X).
 
-    Row block ``a`` needs the columns of blocks ``0..a`` only, and ``r_a − r_b − L_j = r_a − G_j``
-    (``G_j = r_b + L_j``), so block row ``a`` is one product ``(X_a ⊙ e^{L_a}) (Y_{≤a} ⊙
-    e^{r_a − G_{≤a}})ᵀ``: the ``(b > a)`` blocks are never formed, and no exponent is masked.
+    Row block ``a`` needs the columns of blocks ``0..a`` only, so block row ``a`` is one product
+    ``(X_a ⊙ e^{L_a}) (Y_{≤a} ⊙ e^{r_a − r_b − L_{≤a}})ᵀ``: the ``(b > a)`` blocks are never formed,
+    and no exponent is masked. The exponent is taken as ``(r_a − r_b) − L_j``, not ``r_a − G_j``:
+    ``G_j`` is a sum over up to a whole chunk, and its rounding would enter every factor.
     """
     Z, n, s, D = Y.shape
     C = n * s
-    G = (r + L).reshape(Z, C, D)  # G_j from the chunk's start
     Yf = Y.reshape(Z, C, D)
-    rows = torch.exp(L)  # e^{L_i}, shared by every X                               [Z, n, s, D]
+    rows = torch.exp(L) if rows is None else rows  # e^{L_i}, shared by every X      [Z, n, s, D]
     out = [Y.new_zeros(Z, C, C) for _ in Xs]
     keep = [torch.ones(s, s, dtype=torch.bool, device=Y.device).tril(-1 if st else 0)
             for st in strict]  # the causal mask inside a diagonal block
@@ -112,7 +128,9 @@ def _pair_scores(Xs, Y, L, r, *, strict, exact_diagonal=False):
         end = lo if exact_diagonal else hi  # the columns this block row needs
         if end == 0:
             continue
-        cols = (Yf[:, :end] * torch.exp(r[:, a] - G[:, :end])).transpose(-1, -2)  # y_j e^{r_a − G_j}
+        nb = end // s  # column blocks b < a (and b = a unless exact_diagonal)
+        E = ((r[:, a:a + 1] - r[:, :nb]) - L[:, :nb]).reshape(Z, end, D)  # r_a − r_b − L_j
+        cols = (Yf[:, :end] * torch.exp(E)).transpose(-1, -2)  # y_j e^{r_a − G_j}
         for P, X, m in zip(out, Xs, keep):
             blk = (X[:, a] * rows[:, a]) @ cols  # [Z, s, end]
             if not exact_diagonal:
@@ -143,15 +161,16 @@ def chunked(
     """Chunkwise KDA. Same contract as :func:`recurrent`.
 
     Inside a chunk, ``G_i = Σ_{s ≤ i} g_s`` per channel (``γ_i = exp(G_i)``, a row vector) and the
-    decayed scores ``A_ij = Σ_d k_id k_jd exp(G_id − G_jd)`` for ``j < i`` (:func:`pair_scores`)::
+    decayed key scores ``Ω^kk_ij = Σ_d k_id k_jd exp(G_id − G_jd)`` for ``j < i``
+    (:func:`pair_scores`)::
 
-        𝒯       = (I + tril(diag(β) A, −1))⁻¹ diag(β)
+        𝒯       = (I + tril(diag(β) Ω^kk, −1))⁻¹ diag(β)
         W       = 𝒯 (K ⊙ Γ),    U = 𝒯 V          (rows of K ⊙ Γ: k_i ⊙ γ_i)
         U'      = U − W S_[c]
         O_[c]   = (Q ⊙ Γ) S_[c] + Ω U',   Ω_ij = Σ_d q_id k_jd exp(G_id − G_jd)  (j ≤ i)
         S_[c+1] = Diag(γ_C) S_[c] + (K ⊙ γ_C / Γ)ᵀ U'
 
-    Unlike Gated DeltaNet's, ``A`` is no rescaling of ``K Kᵀ``: it is ``(K ⊙ Γ)(K ⊘ Γ)ᵀ``, and
+    Unlike Gated DeltaNet's, ``Ω^kk`` is no rescaling of ``K Kᵀ``: it is ``(K ⊙ Γ)(K ⊘ Γ)ᵀ``, and
     ``K ⊘ Γ`` holds ``exp(−G)``, which overflows float32 within a chunk of strong gates
     (``e^{320}`` over 64 tokens at ``g = −5``). :func:`pair_scores` works in 16-token sub-chunks
     with a reference point each, so every factor stays bounded; if some sub-chunk's gates sum
@@ -174,23 +193,22 @@ def chunked(
     s = sub_chunk_size(C)
     n = C // s
 
-    # the gates: inside each sub-chunk (L), before each sub-chunk (r), from the chunk's start (G)
-    sub = gc.reshape(BH * N, n, s, Dk)
-    L = sub.cumsum(2)  # [BH·N, n, s, Dk]
-    r = torch.cat([torch.zeros_like(L[:, :1, -1:]), L[:, :-1, -1:].cumsum(1)], dim=1)  # [.., n, 1, Dk]
-    G = (r + L).reshape(BH, N, C, Dk)  # G_i = r_a + L_i
-    G_rest = suffix_sum(gc)  # G_C − G_i = Σ_{s > i} g_s                          [BH, N, C, Dk]
+    # the gates: inside each sub-chunk (L), before each sub-chunk (r), from the chunk's start (G),
+    # and to the chunk's end (G_rest); e^{L} and γ = e^{r} e^{L} are shared by several terms below
+    L, r, G, G_rest = _gate_sums(gc.reshape(BH * N, n, s, Dk))
     exact = bool((L.detach().amin() < -EXP_LIMIT).item()) if L.numel() else False
+    rows = torch.exp(L)  # e^{L_i} ∈ (0, 1]                                      [BH·N, n, s, Dk]
+    gamma = (rows if n == 1 else rows * torch.exp(r)).reshape(BH, N, C, Dk)  # γ_i = e^{r_a} e^{L_i}
 
-    # the decayed scores of keys with keys (A, j < i) and queries with keys (Ω, j ≤ i), sharing
+    # the decayed scores of keys with keys (Ω^kk, j < i) and queries with keys (Ω, j ≤ i), sharing
     # the keys' factors
     A, Om = (P.reshape(BH, N, C, C) for P in _pair_scores(
         [K.reshape(BH * N, n, s, Dk), Q.reshape(BH * N, n, s, Dk)], K.reshape(BH * N, n, s, Dk), L, r,
-        strict=(True, False), exact_diagonal=exact))
+        strict=(True, False), exact_diagonal=exact, rows=rows))
+    G, G_rest = G.reshape(BH, N, C, Dk), G_rest.reshape(BH, N, C, Dk)
 
-    # (1) the decayed UT transform and WY factors; A_ij = Σ_d k_id k_jd exp(G_id − G_jd), j < i
+    # (1) the decayed UT transform and WY factors; Ω^kk_ij = Σ_d k_id k_jd exp(G_id − G_jd), j < i
     Tk = ut_transform(A, b)
-    gamma = torch.exp(G)  # γ_i, per channel                                          [BH, N, C, Dk]
     W, U = Tk @ (K * gamma), Tk @ V
     # (2) Ω_ij = Σ_d q_id k_jd exp(G_id − G_jd), j ≤ i: computed above with A
     # (3) the state pass: S_[c+1] = Diag(γ_C) S_[c] + (K ⊙ γ_C / Γ)ᵀ U'
