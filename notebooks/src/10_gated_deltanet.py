@@ -33,8 +33,8 @@
 # models start from; and measure when forgetting helps recall, with hand-set gates and with one
 # trained gate.
 #
-# **Cost.** Under a minute on one CPU core, most of it in training the gate (the last cell prints
-# the time); `SMOKE = True` runs in a few seconds.
+# **Cost.** Under a minute on one CPU core (the last cell prints the time); `SMOKE = True` runs
+# in a few seconds.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -300,10 +300,11 @@ for name, Tg in (("diag(γ) 𝒯 diag(γ)⁻¹", T_rescaled),
           f"max error of the finite ones {err:.1e}")
 
 # %% [markdown]
-# The rescaled form is NaN wherever $0 \cdot \infty$ met, and even its finite entries are off (the
-# error printed), where $\gamma$ had fallen into float32's subnormal range and lost its digits. The
-# lib's form, which takes every ratio as $e^{G_i - G_j}$ in log space (so every factor is
-# $\le 1$), is exact to float32 round-off.
+# The rescaled form is not finite wherever it divides by a $\gamma_j$ that underflowed to 0 (the
+# count printed), and even its finite entries are off (the error printed), where $\gamma$ had
+# fallen into float32's subnormal range and lost its digits. The lib's form, which takes every
+# ratio as $e^{G_i - G_j}$ in log space (so every factor is $\le 1$), is exact to float32
+# round-off.
 # That is why `gated_delta_rule.decay_mask` forms $\Gamma$ elementwise, and why it writes $-\infty$
 # above the diagonal before the exponential: there $G_i - G_j > 0$, and its exponential would
 # overflow too (the second exercise is about exactly this). The rescaling is still worth knowing:
@@ -510,8 +511,9 @@ for mask in ("M", "Γ"):
 
 # %% [markdown]
 # The printed formula's error is of the size of the outputs themselves (the first line); with
-# $\Gamma$ it is exact to float64 round-off. The error grows with the gate's strength, and vanishes only at $g = 0$,
-# where $M = \Gamma$ and the formula is chapter 8's (which may be why it survived):
+# $\Gamma$ it is exact to float64 round-off. The error grows with the gate's strength, and
+# vanishes only at $g = 0$, where $M = \Gamma$ and the formula is chapter 8's (which may be why
+# it survived):
 
 # %%
 for g_low in (0.0, -0.01, -0.1, -1.0, -3.0):
@@ -568,7 +570,7 @@ for name, g_ in g_init.items():
           f"token, {(h > 1000).double().mean():.1%} keep half for over 1000 tokens; "
           f"{beyond:.1%} have e^(-G) > e^88 over a 64-token chunk")
 
-# %% mystnb={"figure": {"caption": "Half-lives of a memory, $\\ln 2 / (-g)$ in tokens, under the gates of freshly initialised Gated DeltaNet heads ($A \\sim U(0, 16)$, $\\Delta t$ log-uniform in $[10^{-3}, 10^{-1}]$), at a zero pre-activation and at a standard normal one, log axis. Dotted lines: one token and a 64-token chunk.", "name": "fig-gdn-initial-half-lives"}, "image": {"alt": "Two overlapping histograms of half-lives on a logarithmic axis from below one token to beyond ten thousand tokens. Both are broad and skewed: a hump from a few tokens to a few hundred tokens with a long tail to the right; the standard-normal pre-activation histogram is spread a little wider than the zero one. Dotted vertical lines mark one token and 64 tokens."}}
+# %% mystnb={"figure": {"caption": "Half-lives of a memory, $\\ln 2 / (-g)$ in tokens, under the gates of freshly initialised Gated DeltaNet heads ($A \\sim U(0, 16)$, $\\Delta t$ log-uniform in $[10^{-3}, 10^{-1}]$), at a zero pre-activation and at a standard normal one, log axis. Dotted lines: one token and a 64-token chunk.", "name": "fig-gdn-initial-half-lives"}, "image": {"alt": "Two overlapping histograms of half-lives on a logarithmic axis from below one token to beyond ten thousand tokens. Both are broad and skewed: a hump from about one token to about a hundred tokens with a long tail to the right; the standard-normal pre-activation histogram is spread a little wider than the zero one. Dotted vertical lines mark one token and 64 tokens."}}
 fig, ax = plt.subplots(figsize=(6.7, 3.4), layout="constrained")
 edges = np.logspace(-1.5, 5.5, 71)
 for name, h in h_init.items():
@@ -768,24 +770,24 @@ plt.show()
 #   exactly, so the error is interference: each later write of the segment disturbs the earlier ones
 #   in proportion to its delta, and the deltas are larger when the state is full of stale facts
 #   that the new keys partly overlap.
-# - **A constant gate trades retention against interference.** A short half-life empties the stale
-#   facts but also the segment's own first facts (error near 1 at $h = 1$); a long one is DeltaNet.
-#   In between, at a half-life of a few segments, the error is lowest, lower than DeltaNet's: the
-#   U in the top panel. On older facts (bottom panel; error 1 is what an empty read scores) a short
-#   half-life returns about nothing after one segment, while DeltaNet and the longest half-life keep
-#   older facts so noisily that past a few segments their reads are worse than an empty one: stale
-#   facts read back as wrong values rather than as nothing. The best constant gate lies below
-#   DeltaNet at every age.
+# - **A constant gate trades retention against interference.** A short half-life empties the
+#   stale facts but also the segment's own first facts (the sweep's largest error, at $h = 1$); a
+#   long one is DeltaNet. In between, at a half-life of a few segments, the error is lowest,
+#   lower than DeltaNet's: the U in the top panel. On older facts (bottom panel; error 1 is what
+#   an empty read scores) a short half-life returns about nothing after one segment, while
+#   DeltaNet and the longest half-life keep older facts so noisily that past a few segments their
+#   reads are worse than an empty one: stale facts read back as wrong values rather than as
+#   nothing. The best constant gate lies below DeltaNet at every age.
 # - **A gate that depends on the input** beats every constant one: emptying the state where a
 #   segment begins leaves only the segment's own interference (the same error as the segment stored
 #   alone, printed above).
 # - **The trained gate finds it.** From a gate that decays every token alike, gradient descent
 #   through the chunked form turns the boundary feature into a strong decay on first tokens, lets
 #   the decay inside a segment fall towards none, and leaves the noise feature's weight near zero
-#   (the training log). Its test error ends at the hand-set boundary gate's, below every constant
-#   gate. It does not empty the state completely: the learned first-token decay leaves a small
-#   fraction of the old state, which is why its older segments read slightly worse than empty. It
-#   learned what the loss asked for, the last segment, and nothing more.
+#   (the training log). Its test error ends at about the hand-set boundary gate's, below every
+#   constant gate. It does not empty the state completely: the learned first-token decay leaves a
+#   small fraction of the old state, which is why its older segments read slightly worse than
+#   empty. It learned what the loss asked for, the last segment, and nothing more.
 #
 # The gains over DeltaNet here are modest, and honest: with $\beta = 1$ the delta rule already
 # replaces outdated values, so the gate helps only with what is left, interference and capacity.

@@ -111,7 +111,7 @@ register(Exercise(
 def chunk_scores(k, g):
     """Reference: the decayed key scores of one chunk, ``A_ij = Σ_d k_id k_jd exp(G_id − G_jd)``
     for ``j < i`` and 0 on and above the diagonal, with ``G_i = Σ_{s ≤ i} g_s`` per channel.
-    ``k, g [B, H, C, Dk]`` (``g ≤ 0``); returns ``A [B, H, C, C]`` in ``k``'s dtype.
+    ``k, g [B, H, C, Dk]`` (``g ≤ 0``); returns ``Ω^kk [B, H, C, C]`` in ``k``'s dtype.
 
     Computed pair by pair in float64: ``G_i − G_j ≤ 0`` for ``j < i``, so every exponential is
     at most 1 (the pairs above the diagonal are never exponentiated)."""
@@ -163,7 +163,7 @@ def _scores_cases(gen: torch.Generator) -> list[Case]:
 register(Exercise(
     id="kda.chunk_scores",
     title="the decayed key scores of one chunk",
-    signature="chunk_scores(k [B, H, C, Dk], g [B, H, C, Dk]) -> A [B, H, C, C]",
+    signature="chunk_scores(k [B, H, C, Dk], g [B, H, C, Dk]) -> Okk [B, H, C, C]",
     reference=chunk_scores,
     make_cases=_scores_cases,
     chapter=11,
@@ -177,11 +177,11 @@ register(Exercise(
                 "Take the difference first: exp(G_i − G_j) pair by pair (a [C, C, Dk] tensor), "
                 "which is ≤ 1 below the diagonal."),
         Mistake("with_diagonal", lambda k, g: _naive_safe(k, g, strict=False),
-                "your A has the diagonal: the scores go into the UT transform's strictly lower "
-                "part, j < i. The diagonal Σ_d k_id² is not part of A: mask with j < i "
+                "your Ω^kk has the diagonal: the scores go into the UT transform's strictly lower "
+                "part, j < i. The diagonal Σ_d k_id² is not part of Ω^kk: mask with j < i "
                 "(tril(·, −1))."),
         Mistake("no_mask", lambda k, g: _full(k, g),
-                "A has entries on and above the diagonal: keep only j < i (the earlier tokens), "
+                "Ω^kk has entries on and above the diagonal: keep only j < i (the earlier tokens), "
                 "and 0 elsewhere."),
         Mistake("mask_after_exp", lambda k, g: _pairwise(k, g.cumsum(-2), strict=True,
                                                         mask_after_exp=True),
@@ -199,7 +199,7 @@ register(Exercise(
     ],
     hint="G = g.cumsum(-2); diff = G[..., :, None, :] − G[..., None, :, :] (G_i − G_j, "
          "[B, H, C, C, Dk]); set it to −inf where j ≥ i (torch.where) BEFORE torch.exp; "
-         "A = einsum('bhid,bhjd,bhijd->bhij', k, k, exp(diff)).",
+         "Okk = einsum('bhid,bhjd,bhijd->bhij', k, k, exp(diff)).",
 ))
 
 
