@@ -1224,9 +1224,10 @@ ok = checks.run("kda.chunk_scores", chunk_scores_solution)
 #   (the counts above).
 # - The chunk form follows from undoing the decay: a delta rule with read keys $k \odot \gamma$
 #   and write keys $k \oslash \gamma$, so $\Omega^{kk}_{ij} = \sum_d k_{id} k_{jd} e^{G_{id} - G_{jd}}$,
-#   $W = \mathcal{T}(K \odot \Gamma)$, $U = \mathcal{T}V$, $S_{[c+1]} = \operatorname{Diag}(\gamma_C) S_{[c]}
-#   + (K \odot \gamma_C \oslash \Gamma)^\top U'$, $O_{[c]} = (Q \odot \Gamma) S_{[c]} + \Omega U'$. Unlike chapter
-#   10's, $\Omega^{kk}$ is no rescaling of $KK^\top$, so the decayed scores must be formed themselves.
+#   $W = \mathcal{T}(K \odot \Gamma)$, $U = \mathcal{T}V$,
+#   $S_{[c+1]} = \operatorname{Diag}(\gamma_C) S_{[c]} + (K \odot \gamma_C \oslash \Gamma)^\top U'$,
+#   $O_{[c]} = (Q \odot \Gamma) S_{[c]} + \Omega U'$. Unlike chapter 10's, $\Omega^{kk}$ is no
+#   rescaling of $KK^\top$, so the decayed scores must be formed themselves.
 # - Formed naively, $(K \odot \Gamma)(K \oslash \Gamma)^\top$ overflows float32 once a chunk's gate sum
 #   passes about $-88$: at $g = -5$, $e^{80} \approx 5.5 \cdot 10^{34}$ over 16 tokens and `inf` over
 #   64. Sub-chunks of 16 tokens with a reference point each keep every factor bounded; Kimi K3's
