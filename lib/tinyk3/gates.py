@@ -6,7 +6,7 @@ and :mod:`tinyk3.ops.kda` take.
   channel): ``g = −exp(A_log) · softplus(x + dt_bias)``. ``softplus(x + dt_bias)`` plays the role
   of a time step ``dt > 0`` and ``exp(A_log) > 0`` of a decay rate; ``g`` is unbounded below.
 * :func:`lower_bound_gate`, Kimi K3's KDA form: ``g = lower_bound · sigmoid(exp(A_log) · (x +
-  dt_bias))`` with ``lower_bound = −5``: ``g ∈ (−5, 0)``, so ``exp(−Σg)`` over a 16-token
+  dt_bias))`` with ``lower_bound = −5``: ``g ∈ [−5, 0]``, so ``exp(−Σg)`` over a 16-token
   sub-chunk stays below ``e^80`` and float32 kernels can factorise it (chapter 11).
 
 Initialisation as fla's layers do it (``fla/layers/gated_deltanet.py``, ``fla/layers/kda.py``,
@@ -45,20 +45,29 @@ def _per_head(p: torch.Tensor, x: torch.Tensor, name: str) -> torch.Tensor:
                      f"{tuple(p.shape)}")
 
 
+def _work(x: torch.Tensor) -> torch.dtype:
+    """The dtype a gate is computed in: float32 at least (float64 stays float64)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def softplus_gate(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
     """``g = −exp(A_log) · softplus(x + dt_bias)`` (computed in float32 at least, returned in
     ``x``'s dtype). Always ``< 0``; no lower bound."""
-    dt = F.softplus((x + _per_head(dt_bias, x, "dt_bias")).float())
-    A = _per_head(A_log, x, "A_log").float().exp()
+    w = _work(x)
+    dt = F.softplus((x + _per_head(dt_bias, x, "dt_bias")).to(w))
+    A = _per_head(A_log, x, "A_log").to(w).exp()
     return (-A * dt).to(x.dtype)
 
 
 def lower_bound_gate(x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, *,
                      lower_bound: float = LOWER_BOUND) -> torch.Tensor:
-    """``g = lower_bound · sigmoid(exp(A_log) · (x + dt_bias))``, in ``(lower_bound, 0)``."""
+    """``g = lower_bound · sigmoid(exp(A_log) · (x + dt_bias))``, in ``(lower_bound, 0)``
+    mathematically; in float32 the sigmoid rounds to exactly 1 (or 0) for large ``|z|``, so
+    ``g`` lies in ``[lower_bound, 0]`` (computed in float32 at least)."""
     if not lower_bound < 0:
         raise ValueError(f"gates: lower_bound must be negative, got {lower_bound}")
-    z = _per_head(A_log, x, "A_log").float().exp() * (x + _per_head(dt_bias, x, "dt_bias")).float()
+    w = _work(x)
+    z = _per_head(A_log, x, "A_log").to(w).exp() * (x + _per_head(dt_bias, x, "dt_bias")).to(w)
     return (lower_bound * torch.sigmoid(z)).to(x.dtype)
 
 

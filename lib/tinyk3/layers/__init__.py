@@ -17,6 +17,12 @@ in is never modified; a new one is returned. Each mixer's state is a ``NamedTupl
   unless normalised): fixed size.
 * :class:`DeltaNet`: the delta rule ``S_t = S_{t-1} + k_tᵀ β_t (v_t − k_t S_{t-1})``
   (chapter 5); state :class:`DeltaState` ``(S, conv)``: fixed size.
+* :class:`KimiDeltaAttention`: Kimi Linear's KDA layer (per-channel forget gate, low-rank
+  gates, gated output norm; Kimi K3's lower-bound gate and full-rank output gate by option,
+  chapter 12); state :class:`KDAState` ``(S, conv)``: fixed size.
+* :class:`GatedDeltaNet`: Qwen3-Next's Gated DeltaNet layer (grouped fused projections, one
+  gate per head, SiLU-gated output norm, chapter 12); state :class:`GatedDeltaState`
+  ``(S, conv)``: fixed size.
 
 Each mixer has separate ``q_proj``, ``k_proj``, ``v_proj`` and an ``o_proj``
 (:class:`Mixer`), and can put a :class:`ShortConvolution` on each of q, k and v
@@ -24,12 +30,16 @@ Each mixer has separate ``q_proj``, ``k_proj``, ``v_proj`` and an ``o_proj``
 as the DeltaNet and Kimi layers do; chapter 12 studies it). It lets a token see its
 neighbours directly, which small models need to learn associative recall (chapter 5). Its
 state, the last ``conv_size − 1`` projected tokens, is the ``conv`` field (:class:`ConvState`).
+The two layers of chapter 12, :class:`KimiDeltaAttention` and :class:`GatedDeltaNet`, keep the
+interface but are plain ``nn.Module`` subclasses: as in the published models, their projections have
+no biases and are ``H·Dk`` and ``HV·Dv`` wide, their convolutions always on.
 
 :func:`state_nbytes` measures any of these states in bytes, and each layer's
 ``state_numel(batch_size, length)`` gives the same size by formula.
 
 Each mixer kind has a configuration (:class:`SoftmaxAttentionConfig`,
-:class:`LinearAttentionConfig`, :class:`DeltaNetConfig`) registered under its name in
+:class:`LinearAttentionConfig`, :class:`DeltaNetConfig`, :class:`KDAConfig`,
+:class:`GatedDeltaNetConfig`) registered under its name in
 :data:`MIXER_CONFIGS` (and its module in :data:`MIXERS`); new kinds are registered with
 :func:`register_mixer`, MLP kinds with :func:`register_mlp` (:mod:`tinyk3.layers.registry`).
 The mixing maths lives in pure functions (:mod:`tinyk3.attention`, :mod:`tinyk3.ops`); these
@@ -41,6 +51,8 @@ from __future__ import annotations
 from .base import ConvState, Mixer, state_nbytes
 from .conv import ShortConvolution
 from .deltanet import DeltaNet, DeltaNetConfig, DeltaState
+from .gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, GatedDeltaState
+from .kda import KDAConfig, KDAState, KimiDeltaAttention
 from .linear import LinearAttention, LinearAttentionConfig, LinearState
 from .mlp import MLP, GeluMLPConfig
 from .registry import (
@@ -62,4 +74,6 @@ __all__ = [
     "KVState", "LinearState", "DeltaState", "ConvState", "state_nbytes",
     "MixerSpec", "MLPSpec", "MIXERS", "MIXER_CONFIGS", "MLPS", "MLP_CONFIGS",
     "register_mixer", "register_mlp", "mixer_config",
+    "KimiDeltaAttention", "KDAConfig", "KDAState",
+    "GatedDeltaNet", "GatedDeltaNetConfig", "GatedDeltaState",
 ]
