@@ -11,12 +11,11 @@ fla's Triton kernels when imported, so fla and causal_conv1d are hidden while th
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import import_without_fla
 from tinyk3.ops import gated_delta_rule, kda
 
 TOL = 1e-5
@@ -24,20 +23,9 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def hf():
-    hidden = ("fla", "causal_conv1d")
-    saved = {m: sys.modules.get(m, "absent") for m in hidden}
-    for m in hidden:
-        sys.modules[m] = None  # `import fla` now raises ImportError
-    try:
-        q3 = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
-        kl = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
-    finally:
-        for m, mod in saved.items():
-            if mod == "absent":
-                sys.modules.pop(m, None)
-            else:
-                sys.modules[m] = mod
-    return q3, kl
+    pytest.importorskip("transformers")
+    return (import_without_fla("transformers.models.qwen3_next.modeling_qwen3_next"),
+            import_without_fla("transformers.models.kimi_linear.modeling_kimi_linear"))
 
 
 def _inputs(T, per_channel, seed, B=2, H=2, Dk=16, Dv=8):

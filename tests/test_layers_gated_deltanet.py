@@ -8,13 +8,12 @@ causal_conv1d are hidden while the modelling module is imported (TOOLING.md).
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
 
 import pytest
 import torch
 
+from helpers import import_without_fla
 from tinyk3.layers import (
     MIXER_CONFIGS,
     MIXERS,
@@ -30,29 +29,10 @@ HF_TOL = 1e-4  # float32, ours against transformers' (measured ≤ 3.4e-6, outpu
 STEP_TOL = 1e-5  # float32, decoding against the full forward (measured ≤ 1e-6)
 
 
-def _import_hidden(name: str):
-    """Import ``name`` afresh with fla and causal_conv1d hidden; ``sys.modules`` as it was after."""
-    hidden = ("fla", "causal_conv1d", name)
-    saved = {m: sys.modules.get(m, "absent") for m in hidden}
-    sys.modules["fla"] = sys.modules["causal_conv1d"] = None  # `import fla` raises ImportError
-    sys.modules.pop(name, None)  # a copy imported earlier may have bound fla's kernels
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:  # pragma: no cover - transformers without Qwen3-Next
-        pytest.skip(f"transformers has no {name}: {e}")
-    finally:
-        for m, mod in saved.items():
-            if mod == "absent":
-                if m != name:
-                    sys.modules.pop(m, None)
-            else:
-                sys.modules[m] = mod
-
-
 @pytest.fixture(scope="module")
 def hf():
     pytest.importorskip("transformers")
-    q3 = _import_hidden("transformers.models.qwen3_next.modeling_qwen3_next")
+    q3 = import_without_fla("transformers.models.qwen3_next.modeling_qwen3_next")
     from transformers import Qwen3NextConfig
     return q3, Qwen3NextConfig
 

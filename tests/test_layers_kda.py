@@ -10,14 +10,13 @@ with fla installed, transformers binds its Triton kernels, which fail on CPU).
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import import_without_fla
 from tinyk3.layers import (
     MIXER_CONFIGS,
     MIXERS,
@@ -34,29 +33,10 @@ LOOP_TOL = 1e-10  # float64, ours against the token loop written here
 STEP_TOL = 1e-5  # float32, decoding against the full forward (measured ≤ 5e-7)
 
 
-def _import_hidden(name: str):
-    """Import ``name`` afresh with fla and causal_conv1d hidden; ``sys.modules`` as it was after."""
-    hidden = ("fla", "causal_conv1d", name)
-    saved = {m: sys.modules.get(m, "absent") for m in hidden}
-    sys.modules["fla"] = sys.modules["causal_conv1d"] = None  # `import fla` raises ImportError
-    sys.modules.pop(name, None)  # a copy imported earlier may have bound fla's kernels
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:  # pragma: no cover - transformers without Kimi Linear
-        pytest.skip(f"transformers has no {name}: {e}")
-    finally:
-        for m, mod in saved.items():
-            if mod == "absent":
-                if m != name:
-                    sys.modules.pop(m, None)
-            else:
-                sys.modules[m] = mod
-
-
 @pytest.fixture(scope="module")
 def hf():
     pytest.importorskip("transformers")
-    kl = _import_hidden("transformers.models.kimi_linear.modeling_kimi_linear")
+    kl = import_without_fla("transformers.models.kimi_linear.modeling_kimi_linear")
     from transformers import KimiLinearConfig
     return kl, KimiLinearConfig
 

@@ -42,8 +42,8 @@ from ..gates import init_A_log, init_dt_bias, softplus_gate
 from ..ops import gated_delta_rule
 from .base import ConvState
 from .conv import ShortConvolution
-from .kda import GatedRMSNorm, check_input, check_recurrent_state, l2_normalize
-from .registry import MixerSpec, register_mixer
+from .kda import GatedRMSNorm, HeadsSpec, check_input, check_recurrent_state, l2_normalize
+from .registry import register_mixer
 
 __all__ = ["GatedDeltaNet", "GatedDeltaNetConfig", "GatedDeltaState"]
 
@@ -177,7 +177,7 @@ GatedDeltaNet.State = GatedDeltaState
 
 @register_mixer
 @dataclass(frozen=True)
-class GatedDeltaNetConfig(MixerSpec):
+class GatedDeltaNetConfig(HeadsSpec):
     """A :class:`GatedDeltaNet` layer (arguments as there). Qwen3-Next-80B-A3B's:
     ``GatedDeltaNetConfig(n_head=16, head_dim=128, n_v_head=32)`` at ``d_model = 2048``
     (``transformers``' ``Qwen3NextConfig`` defaults)."""
@@ -192,31 +192,6 @@ class GatedDeltaNetConfig(MixerSpec):
 
     kind: ClassVar[str] = "gated_deltanet"
     module: ClassVar[type] = GatedDeltaNet
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        name = type(self).__name__
-        if self.conv_size < 1:
-            raise ValueError(f"{name}: conv_size must be >= 1 (Qwen3-Next's layer always has a "
-                             f"short convolution; 4 taps), got {self.conv_size}")
-        if self.value_heads % self.n_head:
-            raise ValueError(f"{name}: n_v_head ({self.n_v_head}) must be a multiple of n_head "
-                             f"({self.n_head}) (each key head serves n_v_head/n_head value heads)")
-        if isinstance(self.norm_eps, bool) or not (isinstance(self.norm_eps, (int, float))
-                                                    and self.norm_eps > 0):
-            raise ValueError(f"{name}: norm_eps must be a positive number, got {self.norm_eps!r}")
-
-    @property
-    def value_heads(self) -> int:
-        return self.n_v_head or self.n_head
-
-    @property
-    def value_dim(self) -> int:
-        return self.v_head_dim or self.head_dim
-
-    def check(self, d_model: int) -> None:
-        """Any ``d_model`` works: the heads' widths are set by ``head_dim``, not by ``d_model``."""
-        positive_int(d_model, "d_model", type(self).__name__)
 
     def num_parameters(self, d_model: int) -> int:
         """Exact count: ``in_proj_qkvz`` ``d·(2·Hk·Dk + 2·Hv·Dv)``, ``in_proj_ba`` ``d·2·Hv``,

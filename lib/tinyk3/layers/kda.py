@@ -330,9 +330,42 @@ class KDAState(NamedTuple):
 KimiDeltaAttention.State = KDAState
 
 
+class HeadsSpec(MixerSpec):
+    """What the configurations of the linear layers of Part IV share (:class:`KDAConfig`,
+    :class:`tinyk3.layers.gated_deltanet.GatedDeltaNetConfig`): ``n_head`` key heads of
+    ``head_dim``, ``n_v_head`` value heads of ``v_head_dim`` (0: as many, as wide), a short
+    convolution (``conv_size ≥ 1``) and an output norm's ``norm_eps``. Not a dataclass itself:
+    each subclass declares the fields."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        if self.conv_size < 1:
+            raise ValueError(f"{name}: conv_size must be >= 1 (this layer always has a short "
+                             f"convolution; 4 taps), got {self.conv_size}")
+        if self.value_heads % self.n_head:
+            raise ValueError(f"{name}: n_v_head ({self.n_v_head}) must be a multiple of n_head "
+                             f"({self.n_head}) (each key head serves n_v_head/n_head value heads)")
+        if isinstance(self.norm_eps, bool) or not (isinstance(self.norm_eps, (int, float))
+                                                    and self.norm_eps > 0):
+            raise ValueError(f"{name}: norm_eps must be a positive number, got {self.norm_eps!r}")
+
+    @property
+    def value_heads(self) -> int:
+        return self.n_v_head or self.n_head
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    def check(self, d_model: int) -> None:
+        """Any ``d_model`` works: the heads' widths are set by ``head_dim``, not by ``d_model``."""
+        positive_int(d_model, "d_model", type(self).__name__)
+
+
 @register_mixer
 @dataclass(frozen=True)
-class KDAConfig(MixerSpec):
+class KDAConfig(HeadsSpec):
     """A :class:`KimiDeltaAttention` layer (arguments as there). Kimi Linear 48B:
     ``KDAConfig(n_head=32, head_dim=128)`` at ``d_model = 2304``; Kimi K3 (released config, as
     FACTS.md reads it: 96 heads of 128, the lower-bound gate, a full-rank output gate):
@@ -357,36 +390,15 @@ class KDAConfig(MixerSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        if self.conv_size < 1:
-            raise ValueError(f"{name}: conv_size must be >= 1 (Kimi's layers always have a "
-                             f"short convolution; 4 taps), got {self.conv_size}")
-        if self.value_heads % self.n_head:
-            raise ValueError(f"{name}: n_v_head ({self.n_v_head}) must be a multiple of n_head "
-                             f"({self.n_head}) (each key head serves n_v_head/n_head value heads)")
         if self.gate not in GATES:
             raise ValueError(f"{name}: gate must be one of {GATES}, got {self.gate!r}")
         if self.output_gate not in OUTPUT_GATES:
             raise ValueError(f"{name}: output_gate must be one of {OUTPUT_GATES}, "
                              f"got {self.output_gate!r}")
-        if isinstance(self.norm_eps, bool) or not (isinstance(self.norm_eps, (int, float))
-                                                    and self.norm_eps > 0):
-            raise ValueError(f"{name}: norm_eps must be a positive number, got {self.norm_eps!r}")
-
-    @property
-    def value_heads(self) -> int:
-        return self.n_v_head or self.n_head
-
-    @property
-    def value_dim(self) -> int:
-        return self.v_head_dim or self.head_dim
 
     @property
     def rank(self) -> int:
         return self.gate_rank or self.head_dim
-
-    def check(self, d_model: int) -> None:
-        """Any ``d_model`` works: the heads' widths are set by ``head_dim``, not by ``d_model``."""
-        positive_int(d_model, "d_model", type(self).__name__)
 
     def num_parameters(self, d_model: int) -> int:
         """Exact count: q, k ``2·d·H·Dk``; v ``d·HV·Dv``; convolutions ``K·(2·H·Dk + HV·Dv)``;
