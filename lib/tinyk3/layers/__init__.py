@@ -23,6 +23,17 @@ in is never modified; a new one is returned. Each mixer's state is a ``NamedTupl
 * :class:`GatedDeltaNet`: Qwen3-Next's Gated DeltaNet layer (grouped fused projections, one
   gate per head, SiLU-gated output norm, chapter 12); state :class:`GatedDeltaState`
   ``(S, conv)``: fixed size.
+* :class:`MultiHeadLatentAttention`: DeepSeek-V3's MLA (a 512-wide latent and one shared
+  64-wide RoPE key cached per token, weight absorption, NoPE and K3's output gate by option,
+  chapter 13); state :class:`LatentState` ``(c, k_rope)``: grows with the sequence.
+* :class:`GatedAttention`: Qwen3-Next's full-attention layer (grouped-query, RMS-normed q and
+  k, partial RoPE, sigmoid output gate); state :class:`KVState`: grows.
+
+Feed-forward kinds (:mod:`tinyk3.layers.moe`, chapter 14): GPT-2's :class:`MLP`, a dense
+:class:`SwiGLU`, and :class:`MoE` (router with a selection-only bias, group-limited routing,
+routed experts stacked as in ``transformers``, shared experts), configured by
+:class:`GeluMLPConfig`, :class:`SwiGLUConfig`, :class:`MoEConfig`. :mod:`tinyk3.layers.rope`
+has RoPE in both channel layouts and RMSNorm (plain and zero-centred).
 
 Each mixer has separate ``q_proj``, ``k_proj``, ``v_proj`` and an ``o_proj``
 (:class:`Mixer`), and can put a :class:`ShortConvolution` on each of q, k and v
@@ -30,9 +41,10 @@ Each mixer has separate ``q_proj``, ``k_proj``, ``v_proj`` and an ``o_proj``
 as the DeltaNet and Kimi layers do; chapter 12 studies it). It lets a token see its
 neighbours directly, which small models need to learn associative recall (chapter 5). Its
 state, the last ``conv_size − 1`` projected tokens, is the ``conv`` field (:class:`ConvState`).
-The two layers of chapter 12, :class:`KimiDeltaAttention` and :class:`GatedDeltaNet`, keep the
-interface but are plain ``nn.Module`` subclasses: as in the published models, their projections have
-no biases and are ``H·Dk`` and ``HV·Dv`` wide, their convolutions always on.
+The layers of chapters 12-13 (:class:`KimiDeltaAttention`, :class:`GatedDeltaNet`,
+:class:`MultiHeadLatentAttention`, :class:`GatedAttention`) keep the interface but are plain
+``nn.Module`` subclasses: as in the published models, their projections have no biases and
+their widths are set by their own head counts and dimensions, not by ``d_model / n_head``.
 
 :func:`state_nbytes` measures any of these states in bytes, and each layer's
 ``state_numel(batch_size, length)`` gives the same size by formula.
@@ -51,10 +63,13 @@ from __future__ import annotations
 from .base import ConvState, Mixer, state_nbytes
 from .conv import ShortConvolution
 from .deltanet import DeltaNet, DeltaNetConfig, DeltaState
+from .gated_attention import GatedAttention, GatedAttentionConfig
 from .gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, GatedDeltaState
 from .kda import KDAConfig, KDAState, KimiDeltaAttention
 from .linear import LinearAttention, LinearAttentionConfig, LinearState
+from .mla import LatentState, MLAConfig, MultiHeadLatentAttention
 from .mlp import MLP, GeluMLPConfig
+from .moe import MoE, MoEConfig, SwiGLU, SwiGLUConfig
 from .registry import (
     MIXER_CONFIGS,
     MIXERS,
@@ -66,6 +81,7 @@ from .registry import (
     register_mixer,
     register_mlp,
 )
+from .rope import RMSNorm, rope
 from .softmax import KVState, SoftmaxAttention, SoftmaxAttentionConfig
 
 __all__ = [
@@ -76,4 +92,6 @@ __all__ = [
     "register_mixer", "register_mlp", "mixer_config",
     "KimiDeltaAttention", "KDAConfig", "KDAState",
     "GatedDeltaNet", "GatedDeltaNetConfig", "GatedDeltaState",
+    "MultiHeadLatentAttention", "MLAConfig", "LatentState", "GatedAttention",
+    "GatedAttentionConfig", "MoE", "MoEConfig", "SwiGLU", "SwiGLUConfig", "RMSNorm", "rope",
 ]

@@ -80,6 +80,10 @@ class MLPSpec:
     def num_parameters(self, d_model: int) -> int:  # pragma: no cover - each kind overrides it
         raise NotImplementedError
 
+    def num_active_parameters(self, d_model: int) -> int:
+        """Parameters one token uses: all of them, unless the kind routes (a mixture of experts)."""
+        return self.num_parameters(d_model)
+
 
 def register_mixer(spec: type) -> type:
     """Register a mixer configuration class under ``spec.kind`` (usable as a decorator)."""

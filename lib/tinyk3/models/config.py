@@ -14,7 +14,9 @@ from ..layers import (
     mixer_config,
 )
 
-__all__ = ["LMConfig", "mixer_config_flat", "MixerConfig"]
+__all__ = ["LMConfig", "mixer_config_flat", "MixerConfig", "NORMS"]
+
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_centred")
 
 
 @dataclass
@@ -35,7 +37,12 @@ class LMConfig:
     * ``pos_emb``: learned absolute positions as in GPT-2. Without them (NoPE) the model can
       run past ``block_size``; order then comes from causality alone (as in Kimi Linear).
     * ``block_size``: positions learned (with ``pos_emb``); :func:`tinyk3.generate.generate`
-      also reads it.
+      also reads it. Without ``pos_emb`` it is the context the released model was trained for.
+    * ``norm``: the block and final norms, ``"layernorm"`` (GPT-2), ``"rmsnorm"`` (DeepSeek-V3,
+      Kimi: weight × x/rms) or ``"rmsnorm_centred"`` (Qwen3-Next: (1 + weight) × x/rms), with
+      ``layer_norm_eps``.
+    * ``tie_embeddings``: the head reuses the token embedding (GPT-2) or has its own matrix
+      (every model of Parts IV-V).
 
     No defaults for the sizes: the course uses it at tiny, chapter-specific sizes.
     :func:`~tinyk3.models.presets.gpt2_small` is GPT-2 small.
@@ -50,6 +57,8 @@ class LMConfig:
     pos_emb: bool = True
     dropout: float = 0.0
     layer_norm_eps: float = 1e-5
+    norm: str = "layernorm"
+    tie_embeddings: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_embd"):
@@ -83,8 +92,11 @@ class LMConfig:
                                  f"got {self.mlp!r}")
         else:
             raise TypeError(f"LMConfig.mlp must be an MLP configuration or one per layer, got {self.mlp!r}")
-        if not isinstance(self.pos_emb, bool):
-            raise TypeError(f"LMConfig.pos_emb must be a bool, got {self.pos_emb!r}")
+        for flag in ("pos_emb", "tie_embeddings"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"LMConfig.{flag} must be a bool, got {getattr(self, flag)!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"LMConfig.norm must be one of {NORMS}, got {self.norm!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 

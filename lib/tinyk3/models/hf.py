@@ -5,12 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .gpt2 import from_checkpoint_gpt2, from_hf_gpt2
+from .hub import (
+    from_checkpoint_deepseek_v3,
+    from_checkpoint_qwen3_next,
+    from_hf_deepseek_v3,
+    from_hf_qwen3_next,
+)
 
 __all__ = ["from_hf", "from_checkpoint"]
 
-# model_type -> loader; chapters 10-17 add "deepseek_v3", "qwen3_next", "kimi_linear", "kimi_k3"
-HF_LOADERS = {"gpt2": from_hf_gpt2}
-CHECKPOINT_LOADERS = {"gpt2": from_checkpoint_gpt2}
+# model_type -> loader; chapters 15 and 17 add "kimi_linear" and "kimi_k3"
+HF_LOADERS = {"gpt2": from_hf_gpt2, "deepseek_v3": from_hf_deepseek_v3,
+              "qwen3_next": from_hf_qwen3_next}
+CHECKPOINT_LOADERS = {"gpt2": from_checkpoint_gpt2, "deepseek_v3": from_checkpoint_deepseek_v3,
+                      "qwen3_next": from_checkpoint_qwen3_next}
 
 
 def from_hf(model):

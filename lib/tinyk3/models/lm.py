@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from ..gpt2 import init_gpt2_weights
-from ..layers import state_nbytes
+from ..layers import RMSNorm, state_nbytes
 from .config import LMConfig
 
 __all__ = ["LM", "LMCache", "Block"]
@@ -55,18 +55,28 @@ class LMCache:
                 f"nbytes={self.nbytes():,})")
 
 
-class Block(nn.Module):
-    """Pre-LN block: ``x + mixer(ln_1(x))``, then ``x + mlp(ln_2(x))``.
+def make_norm(config: LMConfig) -> nn.Module:
+    """The block and final norm that ``config.norm`` names, ``n_embd`` wide."""
+    d, eps = config.n_embd, config.layer_norm_eps
+    if config.norm == "layernorm":
+        return nn.LayerNorm(d, eps=eps)
+    return RMSNorm(d, eps, centred=config.norm == "rmsnorm_centred")
 
-    The mixer is called ``attn`` whatever it is (GPT-2's name, and fla's for its linear layers).
+
+class Block(nn.Module):
+    """Pre-norm block: ``x + mixer(ln_1(x))``, then ``x + mlp(ln_2(x))``.
+
+    The mixer is called ``attn`` whatever it is (GPT-2's name, and fla's for its linear layers);
+    the norms are LayerNorms or RMSNorms as ``config.norm`` says; the MLP is GPT-2's, a SwiGLU
+    or a mixture of experts, per layer.
     """
 
     def __init__(self, config: LMConfig, layer: int):
         super().__init__()
         d = config.n_embd
-        self.ln_1 = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.ln_1 = make_norm(config)
         self.attn = config.layer_mixers[layer].build(d)
-        self.ln_2 = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.ln_2 = make_norm(config)
         self.mlp = config.layer_mlps[layer].build(d)
         self.drop = nn.Dropout(config.dropout)
 
@@ -84,9 +94,12 @@ class LM(nn.Module):
     :class:`LMCache` from :meth:`new_cache`, the tokens in ``idx`` continue the
     ``cache.length`` tokens already seen: positions start there, each layer continues from
     its state, and the cache then holds the new states and length. ``model.config`` is the
-    :class:`LMConfig` it was built from. Everything but the mixers is GPT-2's: pre-LN blocks,
-    the MLP, learned positions (optional), a tied head and GPT-2's initialisation, so when
-    chapters compare mechanisms on the same data, only the mixer differs.
+    :class:`LMConfig` it was built from. By default everything but the mixers is GPT-2's:
+    pre-LN blocks, the MLP, learned positions (optional), a tied head and GPT-2's
+    initialisation, so when chapters compare mechanisms on the same data, only the mixer
+    differs. The configuration also builds the models of Parts IV-V: RMSNorm, SwiGLU or
+    mixture-of-experts feed-forwards per layer, no learned positions (RoPE lives in the
+    mixers, which read their position from their state), an untied head.
     """
 
     def __init__(self, config: LMConfig):
@@ -99,13 +112,14 @@ class LM(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embeddings
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
-            ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps),
+            ln_f=make_norm(config),
         )
         if config.pos_emb:
             modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)  # learned positions
         self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied: one matrix, two uses
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight  # tied: one matrix, two uses
         init_gpt2_weights(self, config.n_layer)  # GPT-2's recipe, residual projections scaled
 
     def num_parameters(self) -> int:

@@ -1,0 +1,311 @@
+"""Mixture of experts (chapter 14): the SwiGLU expert, the router, the experts run one at a
+time or batched, shared experts, and DeepSeek-V3's auxiliary-loss-free balancing.
+
+A token ``x`` (``d`` wide) is scored against ``E`` experts, ``s = σ(W_r x)`` (sigmoid: DeepSeek-V3,
+Kimi K2) or ``softmax(W_r x)`` (Qwen3-Next, Mixtral). The ``k`` experts it is sent to are the top
+``k`` of ``s + b``, where the bias ``b`` (``e_score_correction_bias``, a buffer: it gets no
+gradient) only selects. Group-limited routing (DeepSeek-V3: 8 groups, 4 kept) first keeps the
+``topk_group`` groups whose two best biased scores sum highest. The chosen experts' weights are
+the *unbiased* scores, renormalised to sum to one (``norm_topk_prob``) and multiplied by
+``routed_scaling_factor``. Then ``y = Σ_i w_i E_i(x) + Σ shared experts(x)``, each expert a
+SwiGLU ``W_down (SiLU(W_gate x) ⊙ W_up x)``; Qwen3-Next scales its shared expert by
+``σ(w_g · x)``.
+
+Names and layouts are ``transformers``' (``DeepseekV3MoE``, ``Qwen3NextSparseMoeBlock``): the
+routed experts' weights are stacked, ``gate_up_proj [E, 2h, d]`` and ``down_proj [E, d, h]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .._validate import nonnegative_int, positive_int
+from .registry import MLPSpec, register_mlp
+
+__all__ = ["SwiGLU", "SwiGLUConfig", "Router", "Experts", "MoE", "MoEConfig", "route",
+           "experts_loop", "experts_batched", "expert_load", "update_bias", "SCORINGS"]
+
+SCORINGS = ("sigmoid", "softmax")
+
+
+class SwiGLU(nn.Module):
+    """``down_proj(SiLU(gate_proj x) ⊙ up_proj x)``, hidden width ``hidden``, no biases
+    (Shazeer 2020; every model of Parts IV-V)."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        d, h = positive_int(d_model, "d_model", "SwiGLU"), positive_int(hidden, "hidden", "SwiGLU")
+        self.gate_proj = nn.Linear(d, h, bias=False)
+        self.up_proj = nn.Linear(d, h, bias=False)
+        self.down_proj = nn.Linear(h, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@register_mlp
+@dataclass(frozen=True)
+class SwiGLUConfig(MLPSpec):
+    """A dense :class:`SwiGLU` feed-forward of hidden width ``hidden``."""
+
+    hidden: int
+
+    kind: ClassVar[str] = "swiglu"
+    module: ClassVar[type] = SwiGLU
+
+    def num_parameters(self, d_model: int) -> int:
+        """Three matrices: ``3·d·h``."""
+        return 3 * d_model * self.hidden
+
+
+def route(scores: torch.Tensor, *, top_k: int, bias: torch.Tensor | None = None,
+          n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
+          routed_scaling_factor: float = 1.0):
+    """Choose ``top_k`` experts per token from ``scores [N, E]`` (already σ- or softmax-ed):
+    ``(weights [N, k], indices [N, k])``.
+
+    Selection ranks ``scores + bias``; with ``n_group > 1`` only the ``topk_group`` groups of
+    ``E / n_group`` consecutive experts whose two best biased scores sum highest stay in the
+    running. The weights are gathered from the unbiased ``scores``, divided by their sum if
+    ``norm_topk_prob`` (plus 1e-20, as DeepSeek-V3's code), times ``routed_scaling_factor``.
+    """
+    if scores.dim() != 2:
+        raise ValueError(f"route: scores must be [N, E], got {tuple(scores.shape)}")
+    N, E = scores.shape
+    top_k = positive_int(top_k, "top_k", "route")
+    n_group = positive_int(n_group, "n_group", "route")
+    topk_group = positive_int(topk_group, "topk_group", "route")
+    if E % n_group or topk_group > n_group:
+        raise ValueError(f"route: {E} experts must split into n_group={n_group} groups, and "
+                         f"topk_group ({topk_group}) must be <= n_group")
+    if top_k > E // n_group * topk_group:
+        raise ValueError(f"route: top_k={top_k} is more than the {E // n_group * topk_group} "
+                         "experts of the groups kept")
+    choice = scores if bias is None else scores + bias
+    if n_group > 1:
+        per = E // n_group
+        if per < 2:
+            raise ValueError("route: group-limited routing scores groups by their top 2, so each "
+                             f"group needs >= 2 experts (got {per})")
+        group_scores = choice.view(N, n_group, per).topk(2, dim=-1).values.sum(-1)  # [N, G]
+        kept = group_scores.topk(topk_group, dim=-1).indices
+        keep = torch.zeros(N, n_group, dtype=torch.bool, device=scores.device)
+        keep.scatter_(1, kept, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
+    indices = choice.topk(top_k, dim=-1).indices  # [N, k]
+    weights = scores.gather(1, indices)  # the unbiased scores of the chosen experts
+    if norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * routed_scaling_factor, indices
+
+
+class Router(nn.Module):
+    """Scores, selects and weighs: ``forward(x [N, d]) -> (weights [N, k], indices [N, k],
+    scores [N, E])``, in float32 (float64 for float64 inputs), as DeepSeek-V3's router.
+
+    ``weight [E, d]`` is a parameter; ``e_score_correction_bias [E]`` a buffer (zero at start;
+    :func:`update_bias` moves it)."""
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int, scoring: str = "sigmoid",
+                 n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
+                 routed_scaling_factor: float = 1.0):
+        super().__init__()
+        if scoring not in SCORINGS:
+            raise ValueError(f"Router: scoring must be one of {SCORINGS}, got {scoring!r}")
+        self.n_experts = positive_int(n_experts, "n_experts", "Router")
+        self.top_k, self.scoring = positive_int(top_k, "top_k", "Router"), scoring
+        self.n_group, self.topk_group = n_group, topk_group
+        self.norm_topk_prob, self.routed_scaling_factor = bool(norm_topk_prob), float(routed_scaling_factor)
+        self.weight = nn.Parameter(torch.empty(n_experts, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+        self.register_buffer("e_score_correction_bias", torch.zeros(n_experts))
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        logits = F.linear(x.to(dt), self.weight.to(dt))
+        return logits.sigmoid() if self.scoring == "sigmoid" else logits.softmax(-1)
+
+    def forward(self, x: torch.Tensor):
+        s = self.scores(x)
+        weights, indices = route(s, top_k=self.top_k, bias=self.e_score_correction_bias.to(s.dtype),
+                                 n_group=self.n_group, topk_group=self.topk_group,
+                                 norm_topk_prob=self.norm_topk_prob,
+                                 routed_scaling_factor=self.routed_scaling_factor)
+        return weights, indices, s
+
+
+def _expert(x, gate_up, down):
+    """One SwiGLU expert on rows ``x [n, d]`` from its stacked weights ``[2h, d]``, ``[d, h]``."""
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down)
+
+
+def experts_loop(x, weights, indices, gate_up, down) -> torch.Tensor:
+    """The reference: for each expert, the rows sent to it, ``Σ w · E_e(x)`` added back in place.
+    ``x [N, d]``, ``weights, indices [N, k]``, ``gate_up [E, 2h, d]``, ``down [E, d, h]``."""
+    out = torch.zeros_like(x)
+    for e in range(gate_up.shape[0]):
+        token, slot = torch.where(indices == e)
+        if token.numel():
+            y = _expert(x[token], gate_up[e], down[e]) * weights[token, slot, None].to(x.dtype)
+            out = out.index_add(0, token, y)
+    return out
+
+
+def experts_batched(x, weights, indices, gate_up, down) -> torch.Tensor:
+    """The same in one batched pass: the ``N·k`` (token, expert) pairs sorted by expert and
+    padded to the busiest expert's count, ``[E, capacity, d]``, then two batched matmuls over all
+    experts at once and one scatter back. The padding is the compute a batched form wastes when
+    the load is uneven."""
+    N, k = indices.shape
+    E = gate_up.shape[0]
+    flat = indices.reshape(-1)  # [N·k]
+    order = flat.argsort(stable=True)
+    expert = flat[order]
+    counts = torch.bincount(flat, minlength=E)  # [E]
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(N * k, device=x.device) - starts[expert]  # place within its expert
+    capacity = int(counts.max())
+    token = order // k
+    xs = x.new_zeros(E, capacity, x.shape[1])
+    xs[expert, rank] = x[token]
+    h = torch.bmm(xs, gate_up.transpose(1, 2))  # [E, capacity, 2h]
+    gate, up = h.chunk(2, dim=-1)
+    ys = torch.bmm(F.silu(gate) * up, down.transpose(1, 2))  # [E, capacity, d]
+    y = ys[expert, rank] * weights.reshape(-1)[order, None].to(x.dtype)
+    return torch.zeros_like(x).index_add(0, token, y)
+
+
+IMPLS = {"loop": experts_loop, "batched": experts_batched}
+
+
+class Experts(nn.Module):
+    """``E`` SwiGLU experts of hidden width ``h``, stacked: ``gate_up_proj [E, 2h, d]``,
+    ``down_proj [E, d, h]`` (``transformers``' runtime layout)."""
+
+    def __init__(self, d_model: int, n_experts: int, hidden: int, impl: str = "batched"):
+        super().__init__()
+        if impl not in IMPLS:
+            raise ValueError(f"Experts: impl must be one of {sorted(IMPLS)}, got {impl!r}")
+        self.impl = impl
+        self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * hidden, d_model))
+        self.down_proj = nn.Parameter(torch.empty(n_experts, d_model, hidden))
+        nn.init.normal_(self.gate_up_proj, std=0.02)
+        nn.init.normal_(self.down_proj, std=0.02)
+
+    def forward(self, x, weights, indices) -> torch.Tensor:
+        return IMPLS[self.impl](x, weights, indices, self.gate_up_proj, self.down_proj)
+
+
+class MoE(nn.Module):
+    """Routed experts plus shared experts (see the module docstring): ``forward(x [B, T, d])``.
+
+    After each forward pass ``last_indices [B·T, k]`` holds the experts chosen (for the load
+    statistics of :func:`expert_load`)."""
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int, expert_hidden: int,
+                 n_shared: int = 0, shared_hidden: int = 0, scoring: str = "sigmoid",
+                 n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
+                 routed_scaling_factor: float = 1.0, shared_gate: bool = False,
+                 impl: str = "batched"):
+        super().__init__()
+        self.d_model = positive_int(d_model, "d_model", "MoE")
+        self.router = Router(d_model, n_experts, top_k, scoring, n_group, topk_group,
+                             norm_topk_prob, routed_scaling_factor)
+        self.experts = Experts(d_model, n_experts, expert_hidden, impl)
+        width = shared_hidden or n_shared * expert_hidden
+        self.shared_experts = SwiGLU(d_model, width) if width else None
+        self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_gate else None
+        self.last_indices: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"MoE: expected [..., {self.d_model}], got {tuple(x.shape)}")
+        flat = x.reshape(-1, self.d_model)
+        weights, indices, _ = self.router(flat)
+        self.last_indices = indices.detach()
+        y = self.experts(flat, weights, indices)
+        if self.shared_experts is not None:
+            shared = self.shared_experts(flat)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(flat)) * shared
+            y = y + shared
+        return y.view(x.shape)
+
+
+def expert_load(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Tokens sent to each expert: ``[E]`` counts from ``indices [N, k]``."""
+    return torch.bincount(indices.reshape(-1), minlength=n_experts)
+
+
+def update_bias(bias: torch.Tensor, load: torch.Tensor, speed: float) -> torch.Tensor:
+    """DeepSeek-V3's auxiliary-loss-free balancing step: ``b_i + u · sign(mean load − load_i)``
+    (an overloaded expert's bias goes down by ``u``, an underloaded one's up). Returns a new tensor."""
+    if bias.shape != load.shape:
+        raise ValueError(f"update_bias: bias {tuple(bias.shape)} and load {tuple(load.shape)} differ")
+    load = load.to(bias.dtype)
+    return bias + speed * torch.sign(load.mean() - load)
+
+
+@register_mlp
+@dataclass(frozen=True)
+class MoEConfig(MLPSpec):
+    """A :class:`MoE` feed-forward (arguments as there). DeepSeek-V3: ``MoEConfig(256, 8, 2048,
+    n_shared=1, n_group=8, topk_group=4, routed_scaling_factor=2.5)``; Kimi K2: ``MoEConfig(384,
+    8, 2048, n_shared=1, routed_scaling_factor=2.827)``."""
+
+    n_experts: int
+    top_k: int
+    expert_hidden: int
+    n_shared: int = 0
+    shared_hidden: int = 0
+    scoring: str = "sigmoid"
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    shared_gate: bool = False
+    impl: str = "batched"
+
+    kind: ClassVar[str] = "moe"
+    module: ClassVar[type] = MoE
+
+    def __post_init__(self) -> None:
+        name = "MoEConfig"
+        for f in ("n_experts", "top_k", "expert_hidden", "n_group", "topk_group"):
+            positive_int(getattr(self, f), f, name)
+        for f in ("n_shared", "shared_hidden"):
+            nonnegative_int(getattr(self, f), f, name)
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"{name}: scoring must be one of {SCORINGS}, got {self.scoring!r}")
+        if self.impl not in IMPLS:
+            raise ValueError(f"{name}: impl must be one of {sorted(IMPLS)}, got {self.impl!r}")
+        if self.n_experts % self.n_group or self.topk_group > self.n_group:
+            raise ValueError(f"{name}: n_experts ({self.n_experts}) must split into n_group "
+                             f"({self.n_group}) groups and topk_group ({self.topk_group}) <= n_group")
+        if self.top_k > self.n_experts // self.n_group * self.topk_group:
+            raise ValueError(f"{name}: top_k ({self.top_k}) is more than the experts of the "
+                             "groups kept")
+        if not self.routed_scaling_factor > 0:
+            raise ValueError(f"{name}: routed_scaling_factor must be positive")
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_hidden or self.n_shared * self.expert_hidden
+
+    def num_parameters(self, d_model: int) -> int:
+        """Router ``E·d``; routed experts ``E·3·h·d``; shared experts ``3·d·h_s``; Qwen3-Next's
+        shared gate ``d``. The router's bias is a buffer, not counted."""
+        d = d_model
+        return (self.n_experts * d + self.n_experts * 3 * self.expert_hidden * d
+                + 3 * d * self.shared_width + (d if self.shared_gate else 0))
+
+    def num_active_parameters(self, d_model: int) -> int:
+        """What one token uses: all but the ``E − k`` routed experts it is not sent to."""
+        unused = (self.n_experts - self.top_k) * 3 * self.expert_hidden * d_model
+        return self.num_parameters(d_model) - unused

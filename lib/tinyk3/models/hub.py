@@ -1,0 +1,211 @@
+"""DeepSeek-V3 (and Kimi K2, the same architecture) and Qwen3-Next as :class:`LM` s: their
+configurations from a ``config.json`` (or a ``transformers`` config), their tensors from a
+checkpoint or a ``transformers`` model.
+
+One path serves both loaders: :func:`lm_config_from_hf` reads the configuration, and
+:func:`convert_state_dict` renames the tensors (``model.layers.N.self_attn.*`` →
+``transformer.h.N.attn.*``, the router ``mlp.gate`` → ``mlp.router``, norms → ``ln_1``, ``ln_2``,
+``ln_f``). It takes ``transformers``' runtime names (the routed experts stacked,
+``experts.gate_up_proj [E, 2h, d]``) or the published checkpoints' (one
+``experts.N.gate_proj / up_proj / down_proj`` per expert, stacked here), with or without a
+``model.`` or ``language_model.`` prefix. DeepSeek-V3's multi-token-prediction layer (layer
+index ``num_hidden_layers`` in its checkpoint) is not built, as in ``transformers``, and its
+tensors are dropped. YaRN-scaled RoPE (the released DeepSeek-V3 and Kimi K2 configs) is not
+built: loading such a config raises ``NotImplementedError`` (the presets, which only count and
+size, do not need it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import torch
+
+from ..layers import (
+    GatedAttentionConfig,
+    GatedDeltaNetConfig,
+    MLAConfig,
+    MoEConfig,
+    SwiGLUConfig,
+)
+from .config import LMConfig
+from .lm import LM
+
+__all__ = ["lm_config_from_hf", "convert_state_dict", "from_hf_deepseek_v3", "from_hf_qwen3_next",
+           "from_checkpoint_deepseek_v3", "from_checkpoint_qwen3_next"]
+
+
+def _rope(cfg: Mapping) -> tuple[float, dict]:
+    """``(theta, rope parameters)`` from a config dict of either ``transformers`` 5 (``rope_parameters``)
+    or a hub ``config.json`` (``rope_theta``, ``rope_scaling``); only default RoPE is built."""
+    params = dict(cfg.get("rope_parameters") or {})
+    scaling = cfg.get("rope_scaling") or {}
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise NotImplementedError(f"RoPE of type {kind!r} (the released model's long-context "
+                                  "scaling) is not built; default RoPE only")
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    return float(theta), params
+
+
+def _config_dict(config) -> dict:
+    return dict(config) if isinstance(config, Mapping) else config.to_dict()
+
+
+def _common(cfg: Mapping, norm: str, mixers: list, mlps: list) -> LMConfig:
+    return LMConfig(vocab_size=cfg["vocab_size"], block_size=cfg.get("max_position_embeddings", 4096),
+                    n_embd=cfg["hidden_size"], pattern=tuple(mixers), mlp=tuple(mlps),
+                    pos_emb=False, norm=norm, layer_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+
+
+def lm_config_from_hf(config) -> LMConfig:
+    """The :class:`LMConfig` of a ``deepseek_v3`` or ``qwen3_next`` configuration (a parsed
+    ``config.json`` or a ``transformers`` config object)."""
+    cfg = _config_dict(config)
+    kind = cfg.get("model_type")
+    n = cfg["num_hidden_layers"]
+    theta, params = _rope(cfg)
+    if kind == "deepseek_v3":
+        if cfg.get("attention_bias", False):
+            raise NotImplementedError("deepseek_v3 with attention_bias=True is not built")
+        mla = MLAConfig(n_head=cfg["num_attention_heads"], kv_lora_rank=cfg["kv_lora_rank"],
+                        qk_nope_head_dim=cfg["qk_nope_head_dim"],
+                        qk_rope_head_dim=cfg["qk_rope_head_dim"], v_head_dim=cfg["v_head_dim"],
+                        q_lora_rank=cfg.get("q_lora_rank") or 0, rope_theta=theta,
+                        rope_interleave=bool(cfg.get("rope_interleave", True)))
+        if cfg.get("scoring_func", "sigmoid") != "sigmoid":
+            raise NotImplementedError(f"deepseek_v3 with scoring_func {cfg['scoring_func']!r}")
+        moe = MoEConfig(cfg["n_routed_experts"], cfg["num_experts_per_tok"],
+                        cfg["moe_intermediate_size"], n_shared=cfg.get("n_shared_experts") or 0,
+                        n_group=cfg.get("n_group") or 1, topk_group=cfg.get("topk_group") or 1,
+                        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)))
+        dense = SwiGLUConfig(hidden=cfg["intermediate_size"])
+        k = cfg.get("first_k_dense_replace") or 0
+        return _common(cfg, "rmsnorm", [mla] * n, [dense if i < k else moe for i in range(n)])
+    if kind == "qwen3_next":
+        if cfg.get("attention_bias", False):
+            raise NotImplementedError("qwen3_next with attention_bias=True is not built")
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        attn = GatedAttentionConfig(n_head=cfg["num_attention_heads"],
+                                    n_kv_head=cfg["num_key_value_heads"], head_dim=head_dim,
+                                    partial_rotary_factor=partial, rope_theta=theta, norm_eps=eps)
+        gdn = GatedDeltaNetConfig(n_head=cfg["linear_num_key_heads"],
+                                  head_dim=cfg["linear_key_head_dim"],
+                                  n_v_head=cfg["linear_num_value_heads"],
+                                  v_head_dim=cfg["linear_value_head_dim"],
+                                  conv_size=cfg["linear_conv_kernel_dim"], norm_eps=eps)
+        types = cfg.get("layer_types") or [
+            "full_attention" if (i + 1) % cfg.get("full_attention_interval", 4) == 0
+            else "linear_attention" for i in range(n)]
+        mixers = [attn if t == "full_attention" else gdn for t in types]
+        moe = MoEConfig(cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
+                        shared_hidden=cfg.get("shared_expert_intermediate_size") or 0,
+                        scoring="softmax", norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                        shared_gate=True)
+        dense = SwiGLUConfig(hidden=cfg["intermediate_size"])
+        only = set(cfg.get("mlp_only_layers") or [])
+        step = cfg.get("decoder_sparse_step", 1)
+        mlps = [moe if i not in only and cfg["num_experts"] > 0 and (i + 1) % step == 0 else dense
+                for i in range(n)]
+        return _common(cfg, "rmsnorm_centred", mixers, mlps)
+    raise NotImplementedError(f"lm_config_from_hf: model_type {kind!r}")
+
+
+_BLOCK_NAMES = {"input_layernorm.": "ln_1.", "post_attention_layernorm.": "ln_2.",
+                "self_attn.": "attn.", "linear_attn.": "attn.",
+                "mlp.gate.": "mlp.router.", "mlp.shared_expert.": "mlp.shared_experts.",
+                "mlp.shared_expert_gate.": "mlp.shared_gate."}
+_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def convert_state_dict(config: LMConfig, state_dict: Mapping[str, torch.Tensor]) -> dict:
+    """A checkpoint's or a ``transformers`` model's tensors under :class:`LM`'s names (see the
+    module docstring); keys of layers past ``config.n_layer`` (multi-token prediction) and
+    rotary buffers are dropped."""
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    mixer_parts: dict[int, dict[str, torch.Tensor]] = {}
+    for key, t in state_dict.items():
+        key = key.removeprefix("language_model.").removeprefix("model.")
+        if key.endswith("inv_freq"):
+            continue
+        if key == "embed_tokens.weight":
+            out["transformer.wte.weight"] = t
+        elif key == "norm.weight":
+            out["transformer.ln_f.weight"] = t
+        elif key == "lm_head.weight":
+            out["lm_head.weight"] = t
+        elif key.startswith("layers."):
+            _, i, rest = key.split(".", 2)
+            i = int(i)
+            if i >= config.n_layer:
+                continue  # the multi-token-prediction layer: not built
+            m = _EXPERT.match(rest)
+            if m:
+                experts.setdefault((i, m.group(2)), {})[int(m.group(1))] = t
+                continue
+            if rest.startswith(("self_attn.", "linear_attn.")):
+                mixer_parts.setdefault(i, {})[rest.split(".", 1)[1]] = t
+                continue
+            for old, new in _BLOCK_NAMES.items():
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+                    break
+            out[f"transformer.h.{i}.{rest}"] = t
+    for i, parts in mixer_parts.items():
+        convert = getattr(config.layer_mixers[i].module, "convert_hf_state_dict", None)
+        for name, t in (convert(parts) if convert else parts).items():
+            out[f"transformer.h.{i}.attn.{name}"] = t
+    for i in sorted({i for i, _ in experts}):
+        gate, up, down = (experts.get((i, p), {}) for p in ("gate_proj", "up_proj", "down_proj"))
+        E = len(gate)
+        if not (E == len(up) == len(down)) or sorted(gate) != list(range(E)):
+            raise ValueError(f"convert_state_dict: layer {i}'s experts are incomplete")
+        out[f"transformer.h.{i}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([gate[e], up[e]], dim=0) for e in range(E)])
+        out[f"transformer.h.{i}.mlp.experts.down_proj"] = torch.stack([down[e] for e in range(E)])
+    for i, spec in enumerate(config.layer_mlps):  # a softmax router has no score bias: zeros
+        key = f"transformer.h.{i}.mlp.router.e_score_correction_bias"
+        if isinstance(spec, MoEConfig) and key not in out:
+            out[key] = torch.zeros(spec.n_experts)
+    return out
+
+
+def _load(config: LMConfig, state_dict: Mapping[str, torch.Tensor]) -> LM:
+    sd = convert_state_dict(config, state_dict)
+    ref = next(iter(sd.values()))
+    with torch.device("meta"):
+        model = LM(config)
+    model = model.to_empty(device=ref.device).to(ref.dtype)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if config.tie_embeddings:
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ValueError(f"from_checkpoint: tensors missing {missing[:8]} or unexpected "
+                         f"{unexpected[:8]} for this configuration")
+    if config.tie_embeddings:
+        model.lm_head.weight = model.transformer.wte.weight
+    return model.eval()
+
+
+def from_checkpoint_deepseek_v3(config: Mapping, state_dict: Mapping[str, torch.Tensor]) -> LM:
+    """An :class:`LM` from a DeepSeek-V3 / Kimi K2 ``config.json`` and its tensors."""
+    return _load(lm_config_from_hf(config), state_dict)
+
+
+from_checkpoint_qwen3_next = from_checkpoint_deepseek_v3  # the same path, the config decides
+
+
+def from_hf_deepseek_v3(model) -> LM:
+    """An :class:`LM` with the weights and logits of ``transformers``' ``DeepseekV3ForCausalLM``."""
+    return _load(lm_config_from_hf(model.config), model.state_dict())
+
+
+def from_hf_qwen3_next(model) -> LM:
+    """An :class:`LM` with the weights and logits of ``transformers``' ``Qwen3NextForCausalLM``."""
+    return _load(lm_config_from_hf(model.config), model.state_dict())
