@@ -3,9 +3,9 @@ it, and Qwen3-Next, each built offline at a tiny random configuration (vocabular
 four layers, every weight random, the router's score-correction bias too, group-limited routing
 on for DeepSeek-V3) and loaded with :func:`tinyk3.models.from_hf`.
 
-Checked: logits within ``LOGIT_TOL`` of ``transformers``' in float32; a sequence fed through the
-cache in pieces gives the full forward's logits (float64, tight); :func:`count_parameters` equals the reference model's
-parameter count; the checkpoint path (per-expert tensors, ``model.`` prefixes, a
+Checked: logits within ``LOGIT_TOL`` of ``transformers``' in float32; a sequence fed through
+the cache in pieces gives the full forward's logits (float64, tight); :func:`count_parameters`
+equals the reference model's parameter count; the checkpoint path (per-expert tensors, ``model.`` prefixes, a
 multi-token-prediction layer to drop) gives the same model; the presets' counts.
 """
 
@@ -201,3 +201,20 @@ def test_preset_count_equals_built_model_at_scale():
         with torch.device("meta"):
             model = LM(cfg)
         assert sum(p.numel() for p in model.parameters()) == count_parameters(cfg).total
+
+
+def test_hybrid_layer_patterns():
+    """Kimi Linear: MLA at the released config's 1-based 4, 8, ..., 24, 27 (20 KDA, 7 MLA);
+    Kimi K3: every fourth layer and the last (69 KDA, 24 MLA); Qwen3-Next: every fourth."""
+    kl = presets.kimi_linear_48b().kinds
+    assert [i + 1 for i, k in enumerate(kl) if k == "mla"] == [4, 8, 12, 16, 20, 24, 27]
+    assert kl.count("kda") == 20
+    k3 = presets.kimi_k3_mixers()
+    assert (k3.n_layer, k3.kinds.count("kda"), k3.kinds.count("mla")) == (93, 69, 24)
+    assert [i + 1 for i, k in enumerate(k3.kinds) if k == "mla"][-3:] == [88, 92, 93]
+    q3 = presets.qwen3_next_80b().kinds
+    assert q3.count("gated_attention") == 12 and q3[3] == "gated_attention"
+    mla = presets.deepseek_v3().layer_mixers[0]
+    assert mla.state_numel(1, 1) == 576  # per token per layer
+    per_head_kv = mla.n_head * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
+    assert per_head_kv == 40960 and int(per_head_kv / mla.state_numel(1, 1)) == 71

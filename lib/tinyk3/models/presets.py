@@ -9,11 +9,14 @@ Kimi K2), the preset carries the base ``rope_theta`` and no scaling, which chang
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..layers import GatedAttentionConfig, GatedDeltaNetConfig, KDAConfig, MLAConfig, MoEConfig, SwiGLUConfig
 from .config import LMConfig
 from .gpt2 import gpt2_config
 
-__all__ = ["gpt2_small", "deepseek_v3", "kimi_k2", "kimi_linear_48b", "qwen3_next_80b"]
+__all__ = ["gpt2_small", "deepseek_v3", "kimi_k2", "kimi_linear_48b", "qwen3_next_80b",
+           "kimi_k3_mixers", "MixerStack"]
 
 
 def gpt2_small() -> LMConfig:
@@ -121,3 +124,42 @@ def qwen3_next_80b() -> LMConfig:
                     pattern=tuple(attn if (i + 1) % 4 == 0 else gdn for i in range(n)),
                     mlp=(moe,) * n, pos_emb=False, norm="rmsnorm_centred", layer_norm_eps=1e-6,
                     tie_embeddings=False)
+
+
+@dataclass(frozen=True)
+class MixerStack:
+    """The token mixers of a model, layer by layer, and its width: what a chapter needs to size
+    caches and states when the whole model is not (yet) built."""
+
+    n_embd: int
+    layer_mixers: tuple
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layer_mixers)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(m.kind for m in self.layer_mixers)
+
+
+KIMI_K3_MLA_LAYERS = tuple(range(4, 93, 4)) + (93,)  # 1-based: every fourth layer, and the last
+
+
+def kimi_k3_mixers() -> MixerStack:
+    """Kimi K3's 93 token mixers at width 7,168: KDA in 69 layers (96 heads of 128, the
+    lower-bound gate, a full-rank output gate) and gated NoPE MLA in 24 (1-based 4, 8, …, 92
+    and 93; 96 heads, ``q_lora_rank`` 1,536, ``kv_lora_rank`` 512, a sigmoid output gate).
+
+    Source: the released ``config.json`` of Kimi K3 (2026-07-27) as mirrored model cards and
+    third-party readings give it (no technical report was available); the head dimensions of
+    MLA (128 + 64 for keys, 128 for values) and the rank of KDA's forget-gate projection (128)
+    are taken to be Kimi Linear's, not read from K3's tensors. The whole model (attention
+    residuals, the latent mixture of experts, SiTU-GLU) is chapter 17's ``kimi_k3()``.
+    """
+    kda = KDAConfig(n_head=96, head_dim=128, conv_size=4, gate="lower_bound",
+                    output_gate="full", norm_eps=1e-5)
+    mla = MLAConfig(n_head=96, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                    qk_rope_head_dim=64, v_head_dim=128, use_rope=False, output_gate=True)
+    full = {i - 1 for i in KIMI_K3_MLA_LAYERS}
+    return MixerStack(7168, tuple(mla if i in full else kda for i in range(93)))
