@@ -218,3 +218,32 @@ def test_hybrid_layer_patterns():
     assert mla.state_numel(1, 1) == 576  # per token per layer
     per_head_kv = mla.n_head * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
     assert per_head_kv == 40960 and int(per_head_kv / mla.state_numel(1, 1)) == 71
+
+
+class _ByteTokenizer:
+    """Bytes as token ids (vocabulary 256), the interface try_checkpoint uses."""
+
+    def __call__(self, text, return_tensors="pt"):
+        class Out:
+            input_ids = torch.tensor([list(text.encode())])
+        return Out()
+
+    def decode(self, ids):
+        return bytes(ids).decode(errors="replace")
+
+
+def test_try_checkpoint_offline_and_with_a_local_model(hf_q3, capsys, monkeypatch):
+    from tinyk3.models.demo import try_checkpoint
+    monkeypatch.delenv("TINYK3_ALLOW_DOWNLOAD", raising=False)
+    assert try_checkpoint("some/repo") is None
+    assert "Skipped" in capsys.readouterr().out
+    hf_model = _q3_model(hf_q3)
+    result = try_checkpoint("local/tiny", "Hello", 5, allow_download=True,
+                            loader=lambda repo: (_ByteTokenizer(), hf_model))
+    out = capsys.readouterr().out
+    assert result is not None and result["distance"] < LOGIT_TOL and "greedy continuation" in out
+
+    def broken(repo):
+        raise OSError("no network")
+    assert try_checkpoint("x/y", allow_download=True, loader=broken) is None
+    assert "OSError: no network" in capsys.readouterr().out

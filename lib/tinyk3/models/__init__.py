@@ -16,6 +16,10 @@ for the others it has a fixed size (compare ``cache.nbytes()`` as the sequence g
 ``model.config`` is the configuration it was built from, and :func:`count_parameters` counts
 the parameters of any such configuration by formula.
 
+DeepSeek-V3 (and Kimi K2) and Qwen3-Next are too (:mod:`tinyk3.models.hub`): ``from_hf`` and
+``from_checkpoint`` load them, :mod:`presets` gives the released models' configurations, and
+:func:`try_checkpoint` is the chapters' optional cell that loads a published checkpoint.
+
 GPT-2 is one of these models (:mod:`tinyk3.models.gpt2`, :func:`presets.gpt2_small`):
 :func:`from_hf` loads ``transformers``' GPT-2 and :func:`~tinyk3.models.gpt2.from_gpt`
 chapter 1's :class:`tinyk3.gpt2.GPT`, with the same logits (``tests/test_models.py``).
@@ -31,6 +35,7 @@ from . import presets
 from .config import LMConfig, MixerConfig, mixer_config_flat
 from .count import ParameterCount, count_parameters
 from .gpt2 import from_gpt
+from .demo import try_checkpoint
 from .hf import from_checkpoint, from_hf
 from .lm import LM, Block, LMCache
 
@@ -39,4 +44,4 @@ MixerCache = LMCache
 
 __all__ = ["LM", "LMConfig", "LMCache", "Block", "count_parameters", "ParameterCount",
            "from_hf", "from_checkpoint", "from_gpt", "presets", "MixerConfig", "MixerLM",
-           "MixerCache", "mixer_config_flat"]
+           "MixerCache", "mixer_config_flat", "try_checkpoint"]
