@@ -187,7 +187,7 @@ def test_models_loaders_name_what_they_support(hf_lm):
         class config:  # noqa: N801 - mimics a transformers model's config attribute
             model_type = "mamba"
 
-    supported = r"\['deepseek_v3', 'gpt2', 'qwen3_next'\]"
+    supported = r"\['deepseek_v3', 'gpt2', 'kimi_linear', 'qwen3_next'\]"
     with pytest.raises(NotImplementedError, match=r"'mamba' is not supported; supported: " + supported):
         models.from_hf(Other())
     with pytest.raises(NotImplementedError, match="'mamba'"):

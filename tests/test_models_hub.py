@@ -247,3 +247,53 @@ def test_try_checkpoint_offline_and_with_a_local_model(hf_q3, capsys, monkeypatc
         raise OSError("no network")
     assert try_checkpoint("x/y", allow_download=True, loader=broken) is None
     assert "OSError: no network" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def hf_kl():
+    pytest.importorskip("transformers")
+    kl = import_without_fla("transformers.models.kimi_linear.modeling_kimi_linear")
+    from transformers import KimiLinearConfig
+    return kl, KimiLinearConfig
+
+
+def _kl_model(hf_kl, seed=0):
+    kl, Config = hf_kl
+    cfg = Config(vocab_size=256, hidden_size=32, intermediate_size=40, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=12, q_lora_rank=None,
+                 qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, linear_num_heads=2,
+                 linear_head_dim=8, linear_conv_kernel_dim=4, num_local_experts=8,
+                 num_experts_per_tok=2, moe_intermediate_size=8, n_shared_experts=1,
+                 n_group=2, topk_group=1, routed_scaling_factor=2.446,
+                 layer_types=["linear_attention", "linear_attention", "full_attention",
+                              "linear_attention"],
+                 mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                 pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=128,
+                 attn_implementation="eager", experts_implementation="eager")
+    return _randomise(kl.KimiLinearForCausalLM(cfg).float().eval(), seed)
+
+
+def test_kimi_linear_from_hf(hf_kl):
+    """Kimi Linear (chapter 15's model, here because its layers are chapters 12-14's): KDA and
+    NoPE MLA side by side in one cache, a dense first layer, group-limited routing."""
+    hf_model = _kl_model(hf_kl)
+    ours = from_hf(hf_model)
+    assert ours.config.kinds == ("kda", "kda", "mla", "kda")
+    assert not ours.transformer.h[2].attn.use_rope
+    _check_model(hf_model, ours)
+
+
+def test_kimi_linear_hub_config_layers_are_one_based(hf_kl):
+    """The released config lists its MLA layers 1-based (``full_attn_layers``): layer 3 there
+    is index 2 here; an off-by-one would move the MLA layer and fail the load."""
+    hf_model = _kl_model(hf_kl)
+    cfg = hf_model.config.to_dict()
+    for key in ("layer_types", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim"):
+        cfg.pop(key)
+    cfg["linear_attn_config"] = {"full_attn_layers": [3], "kda_layers": [1, 2, 4], "num_heads": 2,
+                                 "head_dim": 8, "short_conv_kernel_size": 4}
+    assert lm_config_from_hf(cfg).kinds == ("kda", "kda", "mla", "kda")
+    ours = from_checkpoint(cfg, hf_model.state_dict())
+    idx = _idx()
+    with torch.no_grad():
+        assert _dist(ours(idx), hf_model(idx).logits) < LOGIT_TOL

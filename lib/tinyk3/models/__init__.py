@@ -34,8 +34,8 @@ from __future__ import annotations
 from . import presets
 from .config import LMConfig, MixerConfig, mixer_config_flat
 from .count import ParameterCount, count_parameters
-from .gpt2 import from_gpt
 from .demo import try_checkpoint
+from .gpt2 import from_gpt
 from .hf import from_checkpoint, from_hf
 from .lm import LM, Block, LMCache
 

@@ -7,18 +7,21 @@ from collections.abc import Mapping
 from .gpt2 import from_checkpoint_gpt2, from_hf_gpt2
 from .hub import (
     from_checkpoint_deepseek_v3,
+    from_checkpoint_kimi_linear,
     from_checkpoint_qwen3_next,
     from_hf_deepseek_v3,
+    from_hf_kimi_linear,
     from_hf_qwen3_next,
 )
 
 __all__ = ["from_hf", "from_checkpoint"]
 
-# model_type -> loader; chapters 15 and 17 add "kimi_linear" and "kimi_k3"
+# model_type -> loader; chapter 17 adds "kimi_k3"
 HF_LOADERS = {"gpt2": from_hf_gpt2, "deepseek_v3": from_hf_deepseek_v3,
-              "qwen3_next": from_hf_qwen3_next}
+              "qwen3_next": from_hf_qwen3_next, "kimi_linear": from_hf_kimi_linear}
 CHECKPOINT_LOADERS = {"gpt2": from_checkpoint_gpt2, "deepseek_v3": from_checkpoint_deepseek_v3,
-                      "qwen3_next": from_checkpoint_qwen3_next}
+                      "qwen3_next": from_checkpoint_qwen3_next,
+                      "kimi_linear": from_checkpoint_kimi_linear}
 
 
 def from_hf(model):

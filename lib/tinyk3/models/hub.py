@@ -1,4 +1,5 @@
-"""DeepSeek-V3 (and Kimi K2, the same architecture) and Qwen3-Next as :class:`LM` s: their
+"""DeepSeek-V3 (and Kimi K2, the same architecture), Qwen3-Next and Kimi Linear as
+:class:`LM` s: their
 configurations from a ``config.json`` (or a ``transformers`` config), their tensors from a
 checkpoint or a ``transformers`` model.
 
@@ -25,6 +26,7 @@ import torch
 from ..layers import (
     GatedAttentionConfig,
     GatedDeltaNetConfig,
+    KDAConfig,
     MLAConfig,
     MoEConfig,
     SwiGLUConfig,
@@ -33,7 +35,8 @@ from .config import LMConfig
 from .lm import LM
 
 __all__ = ["lm_config_from_hf", "convert_state_dict", "from_hf_deepseek_v3", "from_hf_qwen3_next",
-           "from_checkpoint_deepseek_v3", "from_checkpoint_qwen3_next"]
+           "from_hf_kimi_linear", "from_checkpoint_deepseek_v3", "from_checkpoint_qwen3_next",
+           "from_checkpoint_kimi_linear"]
 
 
 def _rope(cfg: Mapping) -> tuple[float, dict]:
@@ -113,7 +116,52 @@ def lm_config_from_hf(config) -> LMConfig:
         mlps = [moe if i not in only and cfg["num_experts"] > 0 and (i + 1) % step == 0 else dense
                 for i in range(n)]
         return _common(cfg, "rmsnorm_centred", mixers, mlps)
+    if kind == "kimi_linear":
+        return _kimi_linear(cfg)
     raise NotImplementedError(f"lm_config_from_hf: model_type {kind!r}")
+
+
+def _get(cfg: Mapping, *names, default=None):
+    """The first of ``names`` present in ``cfg`` (``transformers``' name, then the hub's)."""
+    for name in names:
+        if cfg.get(name) is not None:
+            return cfg[name]
+    return default
+
+
+def _kimi_linear(cfg: Mapping) -> LMConfig:
+    """Kimi Linear: KDA and NoPE MLA by ``layer_types`` (or the hub config's 1-based
+    ``linear_attn_config["full_attn_layers"]``), dense or sparse feed-forwards."""
+    n = cfg["num_hidden_layers"]
+    lin = cfg.get("linear_attn_config") or {}
+    types = cfg.get("layer_types")
+    if types is None:
+        full = set(lin.get("full_attn_layers", ()))  # 1-based in the released config
+        types = ["full_attention" if i + 1 in full else "linear_attention" for i in range(n)]
+    eps = cfg.get("rms_norm_eps", 1e-5)
+    head_dim = _get(cfg, "linear_head_dim", default=lin.get("head_dim", 128))
+    kda = KDAConfig(n_head=_get(cfg, "linear_num_heads", default=lin.get("num_heads", 32)),
+                    head_dim=head_dim,
+                    conv_size=_get(cfg, "linear_conv_kernel_dim",
+                                   default=lin.get("short_conv_kernel_size", 4)),
+                    norm_eps=eps)
+    mla = MLAConfig(n_head=cfg["num_attention_heads"], kv_lora_rank=cfg["kv_lora_rank"],
+                    qk_nope_head_dim=cfg["qk_nope_head_dim"],
+                    qk_rope_head_dim=cfg["qk_rope_head_dim"], v_head_dim=cfg["v_head_dim"],
+                    q_lora_rank=cfg.get("q_lora_rank") or 0, use_rope=False)
+    moe = MoEConfig(_get(cfg, "num_local_experts", "num_experts"),
+                    _get(cfg, "num_experts_per_tok", "num_experts_per_token"),
+                    cfg["moe_intermediate_size"],
+                    n_shared=_get(cfg, "n_shared_experts", "num_shared_experts", default=0),
+                    n_group=_get(cfg, "n_group", "num_expert_group", default=1),
+                    topk_group=_get(cfg, "topk_group", default=1),
+                    norm_topk_prob=bool(_get(cfg, "norm_topk_prob", "moe_renormalize", default=True)),
+                    routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)))
+    mlp_types = cfg.get("mlp_layer_types") or [
+        "dense" if i < cfg.get("first_k_dense_replace", 1) else "sparse" for i in range(n)]
+    dense = SwiGLUConfig(hidden=cfg["intermediate_size"])
+    return _common(cfg, "rmsnorm", [mla if t == "full_attention" else kda for t in types],
+                   [moe if t == "sparse" else dense for t in mlp_types])
 
 
 _BLOCK_NAMES = {"input_layernorm.": "ln_1.", "post_attention_layernorm.": "ln_2.",
@@ -204,6 +252,14 @@ from_checkpoint_qwen3_next = from_checkpoint_deepseek_v3  # the same path, the c
 def from_hf_deepseek_v3(model) -> LM:
     """An :class:`LM` with the weights and logits of ``transformers``' ``DeepseekV3ForCausalLM``."""
     return _load(lm_config_from_hf(model.config), model.state_dict())
+
+
+def from_hf_kimi_linear(model) -> LM:
+    """An :class:`LM` with the weights and logits of ``transformers``' ``KimiLinearForCausalLM``."""
+    return _load(lm_config_from_hf(model.config), model.state_dict())
+
+
+from_checkpoint_kimi_linear = from_checkpoint_deepseek_v3
 
 
 def from_hf_qwen3_next(model) -> LM:

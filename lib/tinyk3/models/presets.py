@@ -50,8 +50,10 @@ def deepseek_v3() -> LMConfig:
 
     Source: ``deepseek-ai/DeepSeek-V3``'s ``config.json`` on the Hugging Face hub and
     ``inference/configs/config_671B.json`` in its GitHub repository (DeepSeek-AI,
-    arXiv 2412.19437). The multi-token-prediction module (``num_nextn_predict_layers`` 1,
-    about 14B more) is not part of the 671B and is not built, as in ``transformers``.
+    arXiv 2412.19437). The multi-token-prediction module (``num_nextn_predict_layers`` 1) is
+    not part of the 671B (the hub's 685B includes it: 14B, of which 11.5B are its own, the rest
+    shared embedding and head, per ``README_WEIGHTS.md``) and is not built, as in
+    ``transformers``.
     """
     mla = MLAConfig(n_head=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
                     qk_rope_head_dim=64, v_head_dim=128, rope_theta=10000.0)
