@@ -8,13 +8,10 @@ reference; the assertions on what ``checks.run`` reports live here, once.
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import torch
 
-from tinyk3 import checks
+from tinyk3 import checks, util
 
 # -- operators: the shapes and tolerances every form is held to ---------------------------------
 
@@ -128,22 +125,9 @@ def assert_two_named_wrong_answers(chapter, expected_ids, realistic):
 # -- transformers' modelling modules, imported without fla ---------------------------------------
 
 def import_without_fla(name: str):
-    """Import ``transformers``' modelling module ``name`` afresh with fla and causal_conv1d hidden
-    (with fla installed, these modules bind fla's Triton kernels when imported and then fail on
-    CPU: TOOLING.md); ``sys.modules`` is put back as it was afterwards, except for ``name``
-    itself, which stays imported. Skips the test if ``transformers`` lacks the module."""
-    hidden = ("fla", "causal_conv1d", name)
-    saved = {m: sys.modules.get(m, "absent") for m in hidden}
-    sys.modules["fla"] = sys.modules["causal_conv1d"] = None  # `import fla` raises ImportError
-    sys.modules.pop(name, None)  # a copy imported earlier may have bound fla's kernels
+    """:func:`tinyk3.util.import_without_fla` (transformers' module ``name`` with fla and
+    causal_conv1d hidden: TOOLING.md), skipping the test if ``transformers`` lacks it."""
     try:
-        return importlib.import_module(name)
+        return util.import_without_fla(name)
     except ImportError as e:  # pragma: no cover - an older transformers
         pytest.skip(f"transformers has no {name}: {e}")
-    finally:
-        for m, mod in saved.items():
-            if mod == "absent":
-                if m != name:
-                    sys.modules.pop(m, None)
-            else:
-                sys.modules[m] = mod
