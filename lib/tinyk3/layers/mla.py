@@ -163,12 +163,17 @@ class MultiHeadLatentAttention(nn.Module):
 
         ``absorb=False`` expands every cached latent into per-head keys and values;
         ``absorb=True`` scores ``(q_nope W_UK) · c`` and applies ``W_UV`` after the softmax."""
+        B, H, T, _ = q_nope.shape
+        S = c.shape[1]
         rope_scores = q_rope @ k_rope.unsqueeze(1).transpose(-1, -2)  # [B, H, T, S]
         if absorb:
-            q_latent = q_nope @ self.w_uk()  # [B, H, T, r]
-            scores = q_latent @ c.unsqueeze(1).transpose(-1, -2) + rope_scores
-            p = causal_softmax(scores * self.scale)
-            return (p @ c.unsqueeze(1)) @ self.w_uv()  # [B, H, T, r] @ [H, r, dv]
+            # every head's queries against the one latent cache: [B, H·T, r] @ [B, r, S], one
+            # matrix product that reads the cache once (broadcasting c over H would copy it)
+            q_latent = (q_nope @ self.w_uk()).reshape(B, H * T, -1)  # [B, H·T, r]
+            scores = (q_latent @ c.transpose(1, 2)).view(B, H, T, S) + rope_scores
+            p = causal_softmax(scores * self.scale)  # [B, H, T, S]
+            o_latent = (p.reshape(B, H * T, S) @ c).view(B, H, T, -1)  # [B, H, T, r]
+            return o_latent @ self.w_uv()  # [B, H, T, r] @ [H, r, dv]
         k_nope, v = self.expand(c)
         scores = q_nope @ k_nope.transpose(-1, -2) + rope_scores
         return causal_softmax(scores * self.scale) @ v

@@ -135,6 +135,7 @@ class MixerStack:
 
     n_embd: int
     layer_mixers: tuple
+    block_size: int
 
     @property
     def n_layer(self) -> int:
@@ -151,7 +152,8 @@ KIMI_K3_MLA_LAYERS = tuple(range(4, 93, 4)) + (93,)  # 1-based: every fourth lay
 def kimi_k3_mixers() -> MixerStack:
     """Kimi K3's 93 token mixers at width 7,168: KDA in 69 layers (96 heads of 128, the
     lower-bound gate, a full-rank output gate) and gated NoPE MLA in 24 (1-based 4, 8, …, 92
-    and 93; 96 heads, ``q_lora_rank`` 1,536, ``kv_lora_rank`` 512, a sigmoid output gate).
+    and 93; 96 heads, ``q_lora_rank`` 1,536, ``kv_lora_rank`` 512, a sigmoid output gate);
+    context 1,048,576 (``block_size``).
 
     Source: the released ``config.json`` of Kimi K3 (2026-07-27) as mirrored model cards and
     third-party readings give it (no technical report was available); the head dimensions of
@@ -164,4 +166,4 @@ def kimi_k3_mixers() -> MixerStack:
     mla = MLAConfig(n_head=96, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
                     qk_rope_head_dim=64, v_head_dim=128, use_rope=False, output_gate=True)
     full = {i - 1 for i in KIMI_K3_MLA_LAYERS}
-    return MixerStack(7168, tuple(mla if i in full else kda for i in range(93)))
+    return MixerStack(7168, tuple(mla if i in full else kda for i in range(93)), block_size=1048576)
