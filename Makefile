@@ -18,7 +18,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-ENV_HASH := $(shell cat requirements/ci.txt pyproject.toml | sha1sum | cut -c1-12)
+ENV_HASH := $(shell cat requirements/ci.txt requirements/ci-nodeps.txt pyproject.toml | sha1sum | cut -c1-12)
 ENV_STAMP := $(VENV)/.installed-$(ENV_HASH)
 
 .PHONY: help prereqs-book prereqs-test env vendor book test lint unit unit-no-triton notebooks \
@@ -46,6 +46,7 @@ $(ENV_STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements/ci.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements/ci-nodeps.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	@rm -f $(VENV)/.installed-*
 	@touch $@
@@ -58,7 +59,7 @@ _vendor/.stamp: package.json package-lock.json tools/vendor_assets.py | $(ENV_ST
 	@touch $@
 
 freeze: env
-	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(tinyk3|pip|setuptools|wheel)==' \
+	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(tinyk3|pip|setuptools|wheel|mlx-lm)==' \
 	  | sed 's/+cpu//' > requirements/ci.txt.new && mv requirements/ci.txt.new requirements/ci.txt
 
 ## the book ------------------------------------------------------------------------------------

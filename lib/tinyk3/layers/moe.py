@@ -9,7 +9,8 @@ gradient) only selects. Group-limited routing (DeepSeek-V3: 8 groups, 4 kept) fi
 the *unbiased* scores, renormalised to sum to one (``norm_topk_prob``) and multiplied by
 ``routed_scaling_factor``. Then ``y = Σ_i w_i E_i(x) + Σ shared experts(x)``, each expert a
 SwiGLU ``W_down (SiLU(W_gate x) ⊙ W_up x)``; Qwen3-Next scales its shared expert by
-``σ(w_g · x)``.
+``σ(w_g · x)``. Kimi K3 runs its routed experts in a narrower latent with SiTU-GLU
+(:func:`situ`; ``MoE(latent_dim=..., activation="situ")``).
 
 Names and layouts are ``transformers``' (``DeepseekV3MoE``, ``Qwen3NextSparseMoeBlock``): the
 routed experts' weights are stacked, ``gate_up_proj [E, 2h, d]`` and ``down_proj [E, d, h]``.
@@ -26,26 +27,53 @@ import torch.nn.functional as F
 
 from .._validate import nonnegative_int, positive_int
 from .registry import MLPSpec, register_mlp
+from .rope import RMSNorm
 
 __all__ = ["SwiGLU", "SwiGLUConfig", "Router", "Experts", "MoE", "MoEConfig", "route",
-           "experts_loop", "experts_batched", "expert_load", "update_bias", "SCORINGS"]
+           "experts_loop", "experts_batched", "expert_load", "update_bias", "SCORINGS", "situ",
+           "glu", "ACTIVATIONS"]
 
 SCORINGS = ("sigmoid", "softmax")
+ACTIVATIONS = ("silu", "situ")
+SITU_CAPS = (4.0, 25.0)  # Kimi K3's SiTU-GLU: the gate's cap and the value's
+
+
+def situ(gate: torch.Tensor, up: torch.Tensor, caps: tuple[float, float] = SITU_CAPS) -> torch.Tensor:
+    """Kimi K3's SiTU-GLU, ``β·tanh(g/β)·σ(g) · γ·tanh(u/γ)`` with ``(β, γ) = caps`` (4 and 25 in
+    the released config): SiLU's gate ``g·σ(g)`` with ``g`` soft-capped at ``±β``, times the value
+    soft-capped at ``±γ``, so no product can exceed ``β·γ`` (computed in float32 at least; read
+    from mlx-lm's ``models/kimi_k3.py``, ``_situ``)."""
+    beta, gamma = caps
+    dt = gate.dtype if gate.dtype == torch.float64 else torch.float32
+    g, u = gate.to(dt), up.to(dt)
+    return (beta * torch.tanh(g / beta) * torch.sigmoid(g) * gamma * torch.tanh(u / gamma)).to(gate.dtype)
+
+
+def glu(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """The gated unit of an expert: ``SiLU(g) ⊙ u`` (SwiGLU) or :func:`situ`."""
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "situ":
+        return situ(gate, up)
+    raise ValueError(f"glu: activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
 class SwiGLU(nn.Module):
     """``down_proj(SiLU(gate_proj x) ⊙ up_proj x)``, hidden width ``hidden``, no biases
-    (Shazeer 2020; every model of Parts IV-V)."""
+    (Shazeer 2020; every model of Parts IV-V); ``activation="situ"``: Kimi K3's SiTU-GLU."""
 
-    def __init__(self, d_model: int, hidden: int):
+    def __init__(self, d_model: int, hidden: int, activation: str = "silu"):
         super().__init__()
         d, h = positive_int(d_model, "d_model", "SwiGLU"), positive_int(hidden, "hidden", "SwiGLU")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"SwiGLU: activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self.activation = activation
         self.gate_proj = nn.Linear(d, h, bias=False)
         self.up_proj = nn.Linear(d, h, bias=False)
         self.down_proj = nn.Linear(h, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(glu(self.gate_proj(x), self.up_proj(x), self.activation))
 
 
 @register_mlp
@@ -54,6 +82,7 @@ class SwiGLUConfig(MLPSpec):
     """A dense :class:`SwiGLU` feed-forward of hidden width ``hidden``."""
 
     hidden: int
+    activation: str = "silu"
 
     kind: ClassVar[str] = "swiglu"
     module: ClassVar[type] = SwiGLU
@@ -139,25 +168,26 @@ class Router(nn.Module):
         return weights, indices, s
 
 
-def _expert(x, gate_up, down):
+def _expert(x, gate_up, down, activation="silu"):
     """One SwiGLU expert on rows ``x [n, d]`` from its stacked weights ``[2h, d]``, ``[d, h]``."""
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down)
+    return F.linear(glu(gate, up, activation), down)
 
 
-def experts_loop(x, weights, indices, gate_up, down) -> torch.Tensor:
+def experts_loop(x, weights, indices, gate_up, down, activation: str = "silu") -> torch.Tensor:
     """The reference: for each expert, the rows sent to it, ``Σ w · E_e(x)`` added back in place.
     ``x [N, d]``, ``weights, indices [N, k]``, ``gate_up [E, 2h, d]``, ``down [E, d, h]``."""
     out = torch.zeros_like(x)
     for e in range(gate_up.shape[0]):
         token, slot = torch.where(indices == e)
         if token.numel():
-            y = _expert(x[token], gate_up[e], down[e]) * weights[token, slot, None].to(x.dtype)
+            y = _expert(x[token], gate_up[e], down[e], activation)
+            y = y * weights[token, slot, None].to(x.dtype)
             out = out.index_add(0, token, y)
     return out
 
 
-def experts_batched(x, weights, indices, gate_up, down) -> torch.Tensor:
+def experts_batched(x, weights, indices, gate_up, down, activation: str = "silu") -> torch.Tensor:
     """The same in one batched pass: the ``N·k`` (token, expert) pairs sorted by expert and
     padded to the busiest expert's count, ``[E, capacity, d]``, then two batched matmuls over all
     experts at once and one scatter back. The padding is the compute a batched form wastes when
@@ -176,7 +206,7 @@ def experts_batched(x, weights, indices, gate_up, down) -> torch.Tensor:
     xs[expert, rank] = x[token]
     h = torch.bmm(xs, gate_up.transpose(1, 2))  # [E, capacity, 2h]
     gate, up = h.chunk(2, dim=-1)
-    ys = torch.bmm(F.silu(gate) * up, down.transpose(1, 2))  # [E, capacity, d]
+    ys = torch.bmm(glu(gate, up, activation), down.transpose(1, 2))  # [E, capacity, d]
     y = ys[expert, rank] * weights.reshape(-1)[order, None].to(x.dtype)
     return torch.zeros_like(x).index_add(0, token, y)
 
@@ -188,38 +218,55 @@ class Experts(nn.Module):
     """``E`` SwiGLU experts of hidden width ``h``, stacked: ``gate_up_proj [E, 2h, d]``,
     ``down_proj [E, d, h]`` (``transformers``' runtime layout)."""
 
-    def __init__(self, d_model: int, n_experts: int, hidden: int, impl: str = "batched"):
+    def __init__(self, d_model: int, n_experts: int, hidden: int, impl: str = "batched",
+                 activation: str = "silu"):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"Experts: impl must be one of {sorted(IMPLS)}, got {impl!r}")
-        self.impl = impl
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"Experts: activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self.impl, self.activation = impl, activation
         self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * hidden, d_model))
         self.down_proj = nn.Parameter(torch.empty(n_experts, d_model, hidden))
         nn.init.normal_(self.gate_up_proj, std=0.02)
         nn.init.normal_(self.down_proj, std=0.02)
 
     def forward(self, x, weights, indices) -> torch.Tensor:
-        return IMPLS[self.impl](x, weights, indices, self.gate_up_proj, self.down_proj)
+        return IMPLS[self.impl](x, weights, indices, self.gate_up_proj, self.down_proj,
+                                self.activation)
 
 
 class MoE(nn.Module):
     """Routed experts plus shared experts (see the module docstring): ``forward(x [B, T, d])``.
 
     After each forward pass ``last_indices [B·T, k]`` holds the experts chosen (for the load
-    statistics of :func:`expert_load`)."""
+    statistics of :func:`expert_load`).
+
+    Kimi K3's latent MoE (``latent_dim > 0``): the routed experts run in a narrower space,
+    ``routed_expert_up_proj(norm(Σ w_i E_i(routed_expert_down_proj x)))`` with the RMSNorm after
+    the weighted sum (``latent_norm``), while the router and the shared experts see ``x`` at full
+    width; ``activation="situ"`` gives every expert SiTU-GLU (read from mlx-lm's
+    ``models/kimi_k3.py``, ``KimiK3SparseMoE``)."""
 
     def __init__(self, d_model: int, n_experts: int, top_k: int, expert_hidden: int,
                  n_shared: int = 0, shared_hidden: int = 0, scoring: str = "sigmoid",
                  n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
                  routed_scaling_factor: float = 1.0, shared_gate: bool = False,
-                 impl: str = "batched"):
+                 impl: str = "batched", activation: str = "silu", latent_dim: int = 0,
+                 latent_norm: bool = False, norm_eps: float = 1e-5):
         super().__init__()
         self.d_model = positive_int(d_model, "d_model", "MoE")
         self.router = Router(d_model, n_experts, top_k, scoring, n_group, topk_group,
                              norm_topk_prob, routed_scaling_factor)
-        self.experts = Experts(d_model, n_experts, expert_hidden, impl)
+        self.latent_dim = nonnegative_int(latent_dim, "latent_dim", "MoE")
+        expert_width = latent_dim or d_model
+        self.experts = Experts(expert_width, n_experts, expert_hidden, impl, activation)
+        if latent_dim:
+            self.routed_expert_down_proj = nn.Linear(d_model, latent_dim, bias=False)
+            self.routed_expert_up_proj = nn.Linear(latent_dim, d_model, bias=False)
+            self.routed_expert_norm = RMSNorm(latent_dim, norm_eps) if latent_norm else None
         width = shared_hidden or n_shared * expert_hidden
-        self.shared_experts = SwiGLU(d_model, width) if width else None
+        self.shared_experts = SwiGLU(d_model, width, activation) if width else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_gate else None
         self.last_indices: torch.Tensor | None = None
 
@@ -229,7 +276,13 @@ class MoE(nn.Module):
         flat = x.reshape(-1, self.d_model)
         weights, indices, _ = self.router(flat)
         self.last_indices = indices.detach()
-        y = self.experts(flat, weights, indices)
+        if self.latent_dim:
+            y = self.experts(self.routed_expert_down_proj(flat), weights, indices)
+            if self.routed_expert_norm is not None:
+                y = self.routed_expert_norm(y)
+            y = self.routed_expert_up_proj(y)
+        else:
+            y = self.experts(flat, weights, indices)
         if self.shared_experts is not None:
             shared = self.shared_experts(flat)
             if self.shared_gate is not None:
@@ -257,7 +310,9 @@ def update_bias(bias: torch.Tensor, load: torch.Tensor, speed: float) -> torch.T
 class MoEConfig(MLPSpec):
     """A :class:`MoE` feed-forward (arguments as there). DeepSeek-V3: ``MoEConfig(256, 8, 2048,
     n_shared=1, n_group=8, topk_group=4, routed_scaling_factor=2.5)``; Kimi K2: ``MoEConfig(384,
-    8, 2048, n_shared=1, routed_scaling_factor=2.827)``."""
+    8, 2048, n_shared=1, routed_scaling_factor=2.827)``; Kimi K3's latent MoE (the released config
+    as third parties read it): ``MoEConfig(896, 16, 3072, n_shared=2, activation="situ",
+    latent_dim=3584, latent_norm=True)``."""
 
     n_experts: int
     top_k: int
@@ -271,6 +326,10 @@ class MoEConfig(MLPSpec):
     routed_scaling_factor: float = 1.0
     shared_gate: bool = False
     impl: str = "batched"
+    activation: str = "silu"
+    latent_dim: int = 0
+    latent_norm: bool = False
+    norm_eps: float = 1e-5
 
     kind: ClassVar[str] = "moe"
     module: ClassVar[type] = MoE
@@ -279,8 +338,10 @@ class MoEConfig(MLPSpec):
         name = "MoEConfig"
         for f in ("n_experts", "top_k", "expert_hidden", "n_group", "topk_group"):
             positive_int(getattr(self, f), f, name)
-        for f in ("n_shared", "shared_hidden"):
+        for f in ("n_shared", "shared_hidden", "latent_dim"):
             nonnegative_int(getattr(self, f), f, name)
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"{name}: activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.scoring not in SCORINGS:
             raise ValueError(f"{name}: scoring must be one of {SCORINGS}, got {self.scoring!r}")
         if self.impl not in IMPLS:
@@ -299,13 +360,15 @@ class MoEConfig(MLPSpec):
         return self.shared_hidden or self.n_shared * self.expert_hidden
 
     def num_parameters(self, d_model: int) -> int:
-        """Router ``E·d``; routed experts ``E·3·h·d``; shared experts ``3·d·h_s``; Qwen3-Next's
-        shared gate ``d``. The router's bias is a buffer, not counted."""
-        d = d_model
-        return (self.n_experts * d + self.n_experts * 3 * self.expert_hidden * d
+        """Router ``E·d``; routed experts ``E·3·h·d_e`` (``d_e`` = ``latent_dim`` or ``d``);
+        K3's latent projections ``2·d·d_e`` and norm ``d_e``; shared experts ``3·d·h_s``;
+        Qwen3-Next's shared gate ``d``. The router's bias is a buffer, not counted."""
+        d, de = d_model, self.latent_dim or d_model
+        latent = 2 * d * de + (de if self.latent_norm else 0) if self.latent_dim else 0
+        return (self.n_experts * d + self.n_experts * 3 * self.expert_hidden * de + latent
                 + 3 * d * self.shared_width + (d if self.shared_gate else 0))
 
     def num_active_parameters(self, d_model: int) -> int:
         """What one token uses: all but the ``E − k`` routed experts it is not sent to."""
-        unused = (self.n_experts - self.top_k) * 3 * self.expert_hidden * d_model
+        unused = (self.n_experts - self.top_k) * 3 * self.expert_hidden * (self.latent_dim or d_model)
         return self.num_parameters(d_model) - unused
