@@ -273,7 +273,8 @@ class KimiDeltaAttention(nn.Module):
         the widths of ``q_proj``, ``k_proj``, ``v_proj``; ``forget_gate.*``) or the published
         checkpoint's (``q_conv1d.weight``, ``f_a_proj.weight``, ...), keys relative to the layer
         (a model loader strips its ``model.layers.N.self_attn.`` prefix first). ``A_log`` of any
-        shape with ``HV`` elements (``[1, 1, HV, 1]`` in both) becomes ``[HV]``.
+        shape with ``HV`` elements (``[1, 1, HV, 1]`` in both) becomes ``[HV]``, and ``dt_bias``
+        ``[HV·Dk]``.
         """
         out = {}
         for key, t in state_dict.items():
@@ -283,7 +284,7 @@ class KimiDeltaAttention(nn.Module):
                 for p, w in zip("qkv", t.split(sizes, dim=0)):
                     out[f"{p}_conv1d.weight"] = w
                 continue
-            out[key] = t.reshape(-1) if key == "A_log" else t
+            out[key] = t.reshape(-1) if key in ("A_log", "dt_bias") else t
         return out
 
     def load_hf_state_dict(self, state_dict, strict: bool = True):

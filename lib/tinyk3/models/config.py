@@ -43,6 +43,9 @@ class LMConfig:
       ``layer_norm_eps``.
     * ``tie_embeddings``: the head reuses the token embedding (GPT-2) or has its own matrix
       (every model of Parts IV-V).
+    * ``attn_res_block_size``: 0, the plain residual stream; ``n > 0``, Kimi K3's block
+      attention residuals with a new block every ``n`` layers (12 in K3;
+      :class:`~tinyk3.models.lm.DepthMix`).
 
     No defaults for the sizes: the course uses it at tiny, chapter-specific sizes.
     :func:`~tinyk3.models.presets.gpt2_small` is GPT-2 small.
@@ -59,6 +62,7 @@ class LMConfig:
     layer_norm_eps: float = 1e-5
     norm: str = "layernorm"
     tie_embeddings: bool = True
+    attn_res_block_size: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_embd"):
@@ -95,6 +99,10 @@ class LMConfig:
         for flag in ("pos_emb", "tie_embeddings"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"LMConfig.{flag} must be a bool, got {getattr(self, flag)!r}")
+        if isinstance(self.attn_res_block_size, bool) or not isinstance(self.attn_res_block_size, int) \
+                or self.attn_res_block_size < 0:
+            raise ValueError(f"LMConfig.attn_res_block_size must be an int >= 0, got "
+                             f"{self.attn_res_block_size!r}")
         if self.norm not in NORMS:
             raise ValueError(f"LMConfig.norm must be one of {NORMS}, got {self.norm!r}")
         if not 0.0 <= self.dropout < 1.0:

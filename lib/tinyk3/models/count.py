@@ -31,7 +31,8 @@ def count_parameters(config) -> ParameterCount:
     ``d·H + H``, a short convolution ``3d·K + 3d``) and the MLP (GPT-2's ``2rd² + rd + d``, or
     any MLP kind's ``num_parameters``). Plus the token embedding ``V·d`` (the head reuses it,
     or adds its own ``V·d`` untied), positions ``P·d`` if learned, and the final norm. With
-    softmax attention and ``r = 4`` a block is GPT-2's ``12d² + 13d``. A
+    softmax attention and ``r = 4`` a block is GPT-2's ``12d² + 13d``. Attention residuals add
+    ``2d`` per depth mix: two per block and one before the head. A
     :class:`tinyk3.gpt2.GPTConfig` is accepted too.
     """
     if isinstance(config, GPTConfig):
@@ -43,9 +44,11 @@ def count_parameters(config) -> ParameterCount:
     norm = 2 * d if config.norm == "layernorm" else d  # LayerNorm has a bias, RMSNorm none
     total = config.vocab_size * d * (1 if config.tie_embeddings else 2) + norm
     total += config.block_size * d if config.pos_emb else 0
+    res = 2 * d if config.attn_res_block_size else 0  # one depth mix: a d → 1 map and a norm
+    total += res  # the final mix before the head
     active = total
     for mixer, mlp in zip(config.layer_mixers, config.layer_mlps):
-        block = 2 * norm + mixer.num_parameters(d)
+        block = 2 * norm + 2 * res + mixer.num_parameters(d)
         total += block + mlp.num_parameters(d)
         active += block + mlp.num_active_parameters(d)
     return ParameterCount(total, active)

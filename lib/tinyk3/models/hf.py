@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from .gpt2 import from_checkpoint_gpt2, from_hf_gpt2
 from .hub import (
     from_checkpoint_deepseek_v3,
+    from_checkpoint_kimi_k3,
     from_checkpoint_kimi_linear,
     from_checkpoint_qwen3_next,
     from_hf_deepseek_v3,
@@ -16,12 +17,13 @@ from .hub import (
 
 __all__ = ["from_hf", "from_checkpoint"]
 
-# model_type -> loader; chapter 17 adds "kimi_k3"
+# model_type -> loader (Kimi K3 has no transformers model: from_checkpoint only)
 HF_LOADERS = {"gpt2": from_hf_gpt2, "deepseek_v3": from_hf_deepseek_v3,
               "qwen3_next": from_hf_qwen3_next, "kimi_linear": from_hf_kimi_linear}
 CHECKPOINT_LOADERS = {"gpt2": from_checkpoint_gpt2, "deepseek_v3": from_checkpoint_deepseek_v3,
                       "qwen3_next": from_checkpoint_qwen3_next,
-                      "kimi_linear": from_checkpoint_kimi_linear}
+                      "kimi_linear": from_checkpoint_kimi_linear,
+                      "kimi_k3": from_checkpoint_kimi_k3}
 
 
 def from_hf(model):

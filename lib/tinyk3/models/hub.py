@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..gates import LOWER_BOUND
 from ..layers import (
     GatedAttentionConfig,
     GatedDeltaNetConfig,
@@ -31,12 +32,13 @@ from ..layers import (
     MoEConfig,
     SwiGLUConfig,
 )
+from ..layers.moe import SITU_CAPS
 from .config import LMConfig
 from .lm import LM
 
 __all__ = ["lm_config_from_hf", "convert_state_dict", "from_hf_deepseek_v3", "from_hf_qwen3_next",
            "from_hf_kimi_linear", "from_checkpoint_deepseek_v3", "from_checkpoint_qwen3_next",
-           "from_checkpoint_kimi_linear"]
+           "from_checkpoint_kimi_linear", "from_checkpoint_kimi_k3"]
 
 
 def _rope(cfg: Mapping) -> tuple[float, dict]:
@@ -64,10 +66,12 @@ def _common(cfg: Mapping, norm: str, mixers: list, mlps: list) -> LMConfig:
 
 
 def lm_config_from_hf(config) -> LMConfig:
-    """The :class:`LMConfig` of a ``deepseek_v3`` or ``qwen3_next`` configuration (a parsed
-    ``config.json`` or a ``transformers`` config object)."""
+    """The :class:`LMConfig` of a ``deepseek_v3``, ``qwen3_next``, ``kimi_linear`` or ``kimi_k3``
+    configuration (a parsed ``config.json`` or a ``transformers`` config object)."""
     cfg = _config_dict(config)
     kind = cfg.get("model_type")
+    if kind == "kimi_k3":
+        return _kimi_k3(cfg)
     n = cfg["num_hidden_layers"]
     theta, params = _rope(cfg)
     if kind == "deepseek_v3":
@@ -129,6 +133,62 @@ def _get(cfg: Mapping, *names, default=None):
     return default
 
 
+def _kimi_k3(config: Mapping) -> LMConfig:
+    """Kimi K3 from its published ``config.json`` (the text model: ``text_config`` if present).
+
+    Read as mlx-lm 0.32.2's ``models/kimi_k3.py`` reads it: KDA where ``(i + 1)`` is in
+    ``linear_attn_config["kda_layers"]`` (1-based), NoPE MLA elsewhere; MoE where ``i >=
+    first_k_dense_replace`` and ``i % moe_layer_freq == 0``; experts in the
+    ``routed_expert_hidden_size`` latent; SiTU-GLU everywhere; attention residuals every
+    ``attn_res_block_size`` layers."""
+    cfg = dict(config.get("text_config") or config)
+    n, d = cfg["num_hidden_layers"], cfg["hidden_size"]
+    lin = cfg["linear_attn_config"]
+    if cfg.get("hidden_act", "situ") != "situ" or (
+            (cfg.get("activation_situ_beta") or 1.0, cfg.get("activation_situ_linear_beta"))
+            != SITU_CAPS):
+        raise NotImplementedError("kimi_k3: only SiTU-GLU with caps (4, 25) is built, got "
+                                  f"{cfg.get('hidden_act')!r}, {cfg.get('activation_situ_beta')!r}, "
+                                  f"{cfg.get('activation_situ_linear_beta')!r}")
+    if not cfg.get("mla_use_nope", True):
+        raise NotImplementedError("kimi_k3: MLA with RoPE (mla_use_nope=False) is not built")
+    bound = lin.get("gate_lower_bound")
+    if bound is not None and float(bound) != LOWER_BOUND:
+        raise NotImplementedError(f"kimi_k3: gate_lower_bound {bound} (only {LOWER_BOUND} is built)")
+    if cfg.get("moe_router_activation_func", "sigmoid") != "sigmoid":
+        raise NotImplementedError("kimi_k3: only the sigmoid router is built")
+    eps = cfg.get("rms_norm_eps", 1e-5)
+    kda = KDAConfig(n_head=lin["num_heads"], head_dim=lin["head_dim"],
+                    conv_size=lin.get("short_conv_kernel_size", 4),
+                    gate="softplus" if bound is None else "lower_bound",
+                    output_gate="full" if lin.get("use_full_rank_gate") else "low_rank",
+                    norm_eps=eps)
+    mla = MLAConfig(n_head=cfg["num_attention_heads"], kv_lora_rank=cfg["kv_lora_rank"],
+                    qk_nope_head_dim=cfg["qk_nope_head_dim"],
+                    qk_rope_head_dim=cfg["qk_rope_head_dim"], v_head_dim=cfg["v_head_dim"],
+                    q_lora_rank=cfg.get("q_lora_rank") or 0, use_rope=False,
+                    output_gate=bool(cfg.get("mla_use_output_gate", False)))
+    kda_layers = set(lin["kda_layers"])
+    mixers = [kda if i + 1 in kda_layers else mla for i in range(n)]
+    n_experts = cfg.get("num_experts") or 0
+    moe = None
+    if n_experts:
+        moe = MoEConfig(n_experts, cfg.get("num_experts_per_token", 16), cfg["moe_intermediate_size"],
+                        n_shared=cfg.get("num_shared_experts") or 0,
+                        n_group=cfg.get("num_expert_group") or 1, topk_group=cfg.get("topk_group") or 1,
+                        norm_topk_prob=bool(cfg.get("moe_renormalize", True)),
+                        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+                        activation="situ", latent_dim=cfg.get("routed_expert_hidden_size") or 0,
+                        latent_norm=bool(cfg.get("latent_moe_use_norm", False)), norm_eps=eps)
+    dense = SwiGLUConfig(hidden=cfg["intermediate_size"], activation="situ")
+    k, freq = cfg.get("first_k_dense_replace", 0), cfg.get("moe_layer_freq", 1)
+    mlps = [moe if moe is not None and i >= k and i % freq == 0 else dense for i in range(n)]
+    return LMConfig(vocab_size=cfg["vocab_size"], block_size=cfg.get("max_position_embeddings", 1048576),
+                    n_embd=d, pattern=tuple(mixers), mlp=tuple(mlps), pos_emb=False, norm="rmsnorm",
+                    layer_norm_eps=eps, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                    attn_res_block_size=cfg.get("attn_res_block_size") or 0)
+
+
 def _kimi_linear(cfg: Mapping) -> LMConfig:
     """Kimi Linear: KDA and NoPE MLA by ``layer_types`` (or the hub config's 1-based
     ``linear_attn_config["full_attn_layers"]``), dense or sparse feed-forwards."""
@@ -167,8 +227,16 @@ def _kimi_linear(cfg: Mapping) -> LMConfig:
 _BLOCK_NAMES = {"input_layernorm.": "ln_1.", "post_attention_layernorm.": "ln_2.",
                 "self_attn.": "attn.", "linear_attn.": "attn.",
                 "mlp.gate.": "mlp.router.", "mlp.shared_expert.": "mlp.shared_experts.",
-                "mlp.shared_expert_gate.": "mlp.shared_gate."}
-_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+                "mlp.shared_expert_gate.": "mlp.shared_gate.",
+                # Kimi K3's checkpoint: the MoE is "block_sparse_moe", its bias may sit beside the gate
+                "block_sparse_moe.gate.": "mlp.router.",
+                "block_sparse_moe.e_score_correction_bias": "mlp.router.e_score_correction_bias",
+                "block_sparse_moe.": "mlp."}
+_EXPERT = re.compile(r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+                     r"(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+_EXPERT_PART = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Mixtral's names
+# attention residuals: the checkpoint's "X.proj_weight" and mlx-lm's "X_proj.weight" → "X.proj.weight"
+_RES = re.compile(r"^(self_attention_res|mlp_res|output_attn_res)(?:\.|_)(proj|norm)(?:_|\.)weight$")
 
 
 def convert_state_dict(config: LMConfig, state_dict: Mapping[str, torch.Tensor]) -> dict:
@@ -182,7 +250,10 @@ def convert_state_dict(config: LMConfig, state_dict: Mapping[str, torch.Tensor])
         key = key.removeprefix("language_model.").removeprefix("model.")
         if key.endswith("inv_freq"):
             continue
-        if key == "embed_tokens.weight":
+        m = _RES.match(key)
+        if m:  # the final depth mix, before the head
+            out[f"transformer.{m.group(1)}.{m.group(2)}.weight"] = t
+        elif key == "embed_tokens.weight":
             out["transformer.wte.weight"] = t
         elif key == "norm.weight":
             out["transformer.ln_f.weight"] = t
@@ -195,7 +266,12 @@ def convert_state_dict(config: LMConfig, state_dict: Mapping[str, torch.Tensor])
                 continue  # the multi-token-prediction layer: not built
             m = _EXPERT.match(rest)
             if m:
-                experts.setdefault((i, m.group(2)), {})[int(m.group(1))] = t
+                part = _EXPERT_PART.get(m.group(2), m.group(2))
+                experts.setdefault((i, part), {})[int(m.group(1))] = t
+                continue
+            m = _RES.match(rest)
+            if m:
+                out[f"transformer.h.{i}.{m.group(1)}.{m.group(2)}.weight"] = t
                 continue
             if rest.startswith(("self_attn.", "linear_attn.")):
                 mixer_parts.setdefault(i, {})[rest.split(".", 1)[1]] = t
@@ -260,6 +336,17 @@ def from_hf_kimi_linear(model) -> LM:
 
 
 from_checkpoint_kimi_linear = from_checkpoint_deepseek_v3
+
+
+def from_checkpoint_kimi_k3(config: Mapping, state_dict: Mapping[str, torch.Tensor]) -> LM:
+    """An :class:`LM` from Kimi K3's published ``config.json`` (with its ``text_config``) and
+    tensors under the checkpoint's names, with or without ``language_model.``; the vision
+    tower's tensors and the multi-token-prediction layers are ignored (the course builds the
+    text model)."""
+    vision = ("vision_tower", "vision_model", "multi_modal_projector", "mm_projector")
+    text = {k: v for k, v in state_dict.items()
+            if not k.removeprefix("language_model.").startswith(vision + ("model.mtp", "mtp"))}
+    return _load(lm_config_from_hf(config), text)
 
 
 def from_hf_qwen3_next(model) -> LM:

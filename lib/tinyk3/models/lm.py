@@ -63,6 +63,34 @@ def make_norm(config: LMConfig) -> nn.Module:
     return RMSNorm(d, eps, centred=config.norm == "rmsnorm_centred")
 
 
+class DepthMix(nn.Module):
+    """One attention-residual read (Kimi Team, *Attention Residuals*, arXiv 2603.15031; Kimi K3):
+    a softmax over depth of the completed block sums and the current partial sum.
+
+    Each source ``s`` (a ``[B, T, d]`` tensor) gets the logit ``(s / rms(s)) · (w_norm ⊙ w_proj)``,
+    its RMS-normed self against one learned vector (no ``1/√d``); the read is ``Σ p_s s`` over
+    the raw sources, computed in float32. Parameters as the released checkpoint names them after
+    mlx-lm's renaming: ``{name}_proj`` (a ``d → 1`` linear map) and ``{name}_norm`` (its RMSNorm's
+    weight; only the weight is used). With no completed block yet it returns the partial sum.
+    """
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.proj = nn.Linear(d, 1, bias=False)
+        self.norm = RMSNorm(d, eps)
+        nn.init.zeros_(self.proj.weight)  # a uniform mix until trained
+
+    def forward(self, blocks: list, partial: torch.Tensor) -> torch.Tensor:
+        if not blocks:
+            return partial
+        dt = torch.float64 if partial.dtype == torch.float64 else torch.float32
+        w = self.norm.weight.to(dt) * self.proj.weight.to(dt).reshape(-1)  # [d]
+        src = torch.stack([*blocks, partial]).to(dt)  # [S, B, T, d]
+        inv_rms = torch.rsqrt(src.pow(2).mean(-1) + self.norm.eps)  # [S, B, T]
+        p = torch.softmax((src @ w) * inv_rms, dim=0)  # over depth
+        return (p.unsqueeze(-1) * src).sum(0).to(partial.dtype)
+
+
 class Block(nn.Module):
     """Pre-norm block: ``x + mixer(ln_1(x))``, then ``x + mlp(ln_2(x))``.
 
@@ -78,13 +106,32 @@ class Block(nn.Module):
         self.attn = config.layer_mixers[layer].build(d)
         self.ln_2 = make_norm(config)
         self.mlp = config.layer_mlps[layer].build(d)
+        self.attn_res = config.attn_res_block_size > 0
+        if self.attn_res:  # Kimi K3: the residual stream read through a softmax over depth
+            self.block_start = layer % config.attn_res_block_size == 0
+            self.self_attention_res = DepthMix(d, config.layer_norm_eps)
+            self.mlp_res = DepthMix(d, config.layer_norm_eps)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, state=None):
-        y, new_state = self.attn(self.ln_1(x), state)
-        x = x + self.drop(y)
-        x = x + self.drop(self.mlp(self.ln_2(x)))
-        return x, new_state
+    def forward(self, x: torch.Tensor, state=None, blocks: list | None = None):
+        """``x`` and the layer's state → ``(x, new_state)``. With attention residuals ``x`` is the
+        current block's partial sum, and ``blocks`` (the completed block sums, the embedding
+        first) is extended in place when this layer starts a new block."""
+        if not self.attn_res:
+            y, new_state = self.attn(self.ln_1(x), state)
+            x = x + self.drop(y)
+            x = x + self.drop(self.mlp(self.ln_2(x)))
+            return x, new_state
+        h = self.self_attention_res(blocks, x)
+        partial = x
+        if self.block_start:  # the sum so far becomes a completed block; a new one begins
+            blocks.append(x)
+            partial = None
+        y, new_state = self.attn(self.ln_1(h), state)
+        y = self.drop(y)
+        partial = y if partial is None else partial + y
+        h = self.mlp_res(blocks, partial)
+        return partial + self.drop(self.mlp(self.ln_2(h))), new_state
 
 
 class LM(nn.Module):
@@ -116,6 +163,8 @@ class LM(nn.Module):
         )
         if config.pos_emb:
             modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)  # learned positions
+        if config.attn_res_block_size:
+            modules["output_attn_res"] = DepthMix(config.n_embd, config.layer_norm_eps)
         self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -166,9 +215,12 @@ class LM(nn.Module):
             x = x + self.transformer.wpe(pos)  # [B, T, d]
         x = self.transformer.drop(x)
         new_states = []
+        blocks = [] if self.config.attn_res_block_size else None  # completed block sums
         for i, block in enumerate(self.transformer.h):
-            x, state = block(x, None if cache is None else cache.layers[i])
+            x, state = block(x, None if cache is None else cache.layers[i], blocks)
             new_states.append(state)
+        if blocks is not None:
+            x = self.transformer.output_attn_res(blocks, x)
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x)  # [B, T, vocab_size]
         if cache is not None:  # commit only after every layer succeeded

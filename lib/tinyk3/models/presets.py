@@ -16,7 +16,7 @@ from .config import LMConfig
 from .gpt2 import gpt2_config
 
 __all__ = ["gpt2_small", "deepseek_v3", "kimi_k2", "kimi_linear_48b", "qwen3_next_80b",
-           "kimi_k3_mixers", "MixerStack"]
+           "kimi_k3", "kimi_k3_mixers", "MixerStack", "KIMI_K3_TEXT_CONFIG"]
 
 
 def gpt2_small() -> LMConfig:
@@ -148,22 +148,50 @@ class MixerStack:
 
 KIMI_K3_MLA_LAYERS = tuple(range(4, 93, 4)) + (93,)  # 1-based: every fourth layer, and the last
 
+# Kimi K3's text_config, as published (2026-07-27) and read by mirrored model cards and
+# third-party ports; see kimi_k3() for which values are known from where.
+KIMI_K3_TEXT_CONFIG = dict(
+    vocab_size=163840, hidden_size=7168, num_hidden_layers=93, num_attention_heads=96,
+    num_key_value_heads=96, intermediate_size=33792, rms_norm_eps=1e-5,
+    max_position_embeddings=1048576, hidden_act="situ", activation_situ_beta=4.0,
+    activation_situ_linear_beta=25.0, attn_res_block_size=12,
+    linear_attn_config={"num_heads": 96, "head_dim": 128, "short_conv_kernel_size": 4,
+                        "gate_lower_bound": -5.0, "use_full_rank_gate": True,
+                        "kda_layers": [i for i in range(1, 94) if i not in KIMI_K3_MLA_LAYERS],
+                        "full_attn_layers": list(KIMI_K3_MLA_LAYERS)},
+    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+    v_head_dim=128, mla_use_nope=True, mla_use_output_gate=True, num_experts=896,
+    num_experts_per_token=16, num_shared_experts=2, moe_intermediate_size=3072,
+    routed_expert_hidden_size=3584, latent_moe_use_norm=True, moe_router_activation_func="sigmoid",
+    moe_renormalize=True, routed_scaling_factor=1.0, num_expert_group=1, topk_group=1,
+    first_k_dense_replace=1, moe_layer_freq=1, tie_word_embeddings=False)
+
+
+def kimi_k3() -> LMConfig:
+    """Kimi K3 (2.8T total, 104B active, as announced): 93 layers at width 7,168, KDA in 69
+    (96 heads of 128, the lower-bound gate, a full-rank output gate) and gated NoPE MLA in 24
+    (1-based 4, 8, …, 92 and 93; 96 heads, ``q_lora_rank`` 1,536, ``kv_lora_rank`` 512); a dense
+    first layer (SiTU-GLU, 33,792), then a latent mixture of 896 experts (16 per token, hidden
+    3,072, run in a 3,584-wide latent with an RMSNorm after the weighted sum) and two shared
+    experts at full width; SiTU-GLU everywhere; block attention residuals every 12 layers;
+    vocabulary 163,840; context 1,048,576.
+
+    Sources: the released ``config.json`` (its ``text_config``) as mirrored model cards and
+    third-party readings give it (no technical report was available to us), and mlx-lm 0.32.2's
+    ``models/kimi_k3.py``, whose defaults give the dense width (33,792) and the norm eps.
+    Assumed, not read: the MLA head dimensions (Kimi Linear's 128 + 64 and 128) and
+    ``routed_scaling_factor`` (1.0; it changes no count). With these values
+    :func:`~tinyk3.models.count_parameters` gives 2.7795T total and 105.4B active, the counts third
+    parties derived from the released config. :func:`tinyk3.models.from_checkpoint` reads the
+    same dict (``{"model_type": "kimi_k3", "text_config": KIMI_K3_TEXT_CONFIG}``).
+    """
+    from .hub import lm_config_from_hf  # the checkpoint path builds the preset too
+
+    return lm_config_from_hf({"model_type": "kimi_k3", "text_config": KIMI_K3_TEXT_CONFIG})
+
 
 def kimi_k3_mixers() -> MixerStack:
-    """Kimi K3's 93 token mixers at width 7,168: KDA in 69 layers (96 heads of 128, the
-    lower-bound gate, a full-rank output gate) and gated NoPE MLA in 24 (1-based 4, 8, …, 92
-    and 93; 96 heads, ``q_lora_rank`` 1,536, ``kv_lora_rank`` 512, a sigmoid output gate);
-    context 1,048,576 (``block_size``).
-
-    Source: the released ``config.json`` of Kimi K3 (2026-07-27) as mirrored model cards and
-    third-party readings give it (no technical report was available); the head dimensions of
-    MLA (128 + 64 for keys, 128 for values) and the rank of KDA's forget-gate projection (128)
-    are taken to be Kimi Linear's, not read from K3's tensors. The whole model (attention
-    residuals, the latent mixture of experts, SiTU-GLU) is chapter 17's ``kimi_k3()``.
-    """
-    kda = KDAConfig(n_head=96, head_dim=128, conv_size=4, gate="lower_bound",
-                    output_gate="full", norm_eps=1e-5)
-    mla = MLAConfig(n_head=96, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-                    qk_rope_head_dim=64, v_head_dim=128, use_rope=False, output_gate=True)
-    full = {i - 1 for i in KIMI_K3_MLA_LAYERS}
-    return MixerStack(7168, tuple(mla if i in full else kda for i in range(93)), block_size=1048576)
+    """Kimi K3's 93 token mixers (of :func:`kimi_k3`) and its width and context: what chapters
+    12 and 13 size states and caches with."""
+    cfg = kimi_k3()
+    return MixerStack(cfg.n_embd, cfg.layer_mixers, block_size=cfg.block_size)
