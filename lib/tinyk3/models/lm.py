@@ -78,7 +78,7 @@ class DepthMix(nn.Module):
         super().__init__()
         self.proj = nn.Linear(d, 1, bias=False)
         self.norm = RMSNorm(d, eps)
-        nn.init.zeros_(self.proj.weight)  # a uniform mix until trained
+        nn.init.zeros_(self.proj.weight)  # a uniform mix until trained (LM keeps it so)
 
     def forward(self, blocks: list, partial: torch.Tensor) -> torch.Tensor:
         if not blocks:
@@ -170,6 +170,9 @@ class LM(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight  # tied: one matrix, two uses
         init_gpt2_weights(self, config.n_layer)  # GPT-2's recipe, residual projections scaled
+        for m in self.modules():  # attention residuals start as a uniform mix over depth
+            if isinstance(m, DepthMix):
+                nn.init.zeros_(m.proj.weight)
 
     def num_parameters(self) -> int:
         """Parameters counted once (the tied head shares the embedding's storage)."""

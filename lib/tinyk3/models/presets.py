@@ -89,9 +89,11 @@ def kimi_linear_48b() -> LMConfig:
     routed experts (8 per token, hidden 1,024, sigmoid, weights × 2.446) and one shared;
     width 2,304; vocabulary 163,840; RMSNorm eps 1e-5; untied head; context 1,048,576.
 
-    Source: ``moonshotai/Kimi-Linear-48B-A3B-Instruct``'s ``config.json`` (as the defaults of
-    ``transformers``' ``KimiLinearConfig`` reproduce it) and Kimi Team, *Kimi Linear*,
-    arXiv 2510.26692.
+    Source: ``moonshotai/Kimi-Linear-48B-A3B-Instruct``'s ``config.json`` and Kimi Team, *Kimi
+    Linear*, arXiv 2510.26692. The defaults of ``transformers``' ``KimiLinearConfig`` reproduce
+    the sizes, not the layer pattern: without the checkpoint's ``linear_attn_config`` they put
+    full attention at 0-based 4, 8, …, 24 (six layers); read from the checkpoint's
+    ``full_attn_layers`` it is the pattern here.
     """
     d, n = 2304, 27
     kda = KDAConfig(n_head=32, head_dim=128, conv_size=4, norm_eps=1e-5)
