@@ -5,24 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .gpt2 import from_checkpoint_gpt2, from_hf_gpt2
-from .hub import (
-    from_checkpoint_deepseek_v3,
-    from_checkpoint_kimi_k3,
-    from_checkpoint_kimi_linear,
-    from_checkpoint_qwen3_next,
-    from_hf_deepseek_v3,
-    from_hf_kimi_linear,
-    from_hf_qwen3_next,
-)
+from .hub import from_checkpoint_hub, from_checkpoint_kimi_k3, from_hf_model
 
 __all__ = ["from_hf", "from_checkpoint"]
 
 # model_type -> loader (Kimi K3 has no transformers model: from_checkpoint only)
-HF_LOADERS = {"gpt2": from_hf_gpt2, "deepseek_v3": from_hf_deepseek_v3,
-              "qwen3_next": from_hf_qwen3_next, "kimi_linear": from_hf_kimi_linear}
-CHECKPOINT_LOADERS = {"gpt2": from_checkpoint_gpt2, "deepseek_v3": from_checkpoint_deepseek_v3,
-                      "qwen3_next": from_checkpoint_qwen3_next,
-                      "kimi_linear": from_checkpoint_kimi_linear,
+HF_LOADERS = {"gpt2": from_hf_gpt2, "deepseek_v3": from_hf_model, "qwen3_next": from_hf_model,
+              "kimi_linear": from_hf_model}
+CHECKPOINT_LOADERS = {"gpt2": from_checkpoint_gpt2, "deepseek_v3": from_checkpoint_hub,
+                      "qwen3_next": from_checkpoint_hub, "kimi_linear": from_checkpoint_hub,
                       "kimi_k3": from_checkpoint_kimi_k3}
 
 

@@ -36,9 +36,8 @@ from ..layers.moe import SITU_CAPS
 from .config import LMConfig
 from .lm import LM
 
-__all__ = ["lm_config_from_hf", "convert_state_dict", "from_hf_deepseek_v3", "from_hf_qwen3_next",
-           "from_hf_kimi_linear", "from_checkpoint_deepseek_v3", "from_checkpoint_qwen3_next",
-           "from_checkpoint_kimi_linear", "from_checkpoint_kimi_k3"]
+__all__ = ["lm_config_from_hf", "convert_state_dict", "from_hf_model", "from_checkpoint_hub",
+           "from_checkpoint_kimi_k3"]
 
 
 def _rope(cfg: Mapping) -> tuple[float, dict]:
@@ -317,25 +316,16 @@ def _load(config: LMConfig, state_dict: Mapping[str, torch.Tensor]) -> LM:
     return model.eval()
 
 
-def from_checkpoint_deepseek_v3(config: Mapping, state_dict: Mapping[str, torch.Tensor]) -> LM:
-    """An :class:`LM` from a DeepSeek-V3 / Kimi K2 ``config.json`` and its tensors."""
+def from_checkpoint_hub(config: Mapping, state_dict: Mapping[str, torch.Tensor]) -> LM:
+    """An :class:`LM` from a DeepSeek-V3 / Kimi K2, Qwen3-Next or Kimi Linear ``config.json``
+    and its tensors (the config's ``model_type`` decides)."""
     return _load(lm_config_from_hf(config), state_dict)
 
 
-from_checkpoint_qwen3_next = from_checkpoint_deepseek_v3  # the same path, the config decides
-
-
-def from_hf_deepseek_v3(model) -> LM:
-    """An :class:`LM` with the weights and logits of ``transformers``' ``DeepseekV3ForCausalLM``."""
+def from_hf_model(model) -> LM:
+    """An :class:`LM` with the weights and logits of ``transformers``' ``DeepseekV3ForCausalLM``,
+    ``Qwen3NextForCausalLM`` or ``KimiLinearForCausalLM`` (its config's ``model_type`` decides)."""
     return _load(lm_config_from_hf(model.config), model.state_dict())
-
-
-def from_hf_kimi_linear(model) -> LM:
-    """An :class:`LM` with the weights and logits of ``transformers``' ``KimiLinearForCausalLM``."""
-    return _load(lm_config_from_hf(model.config), model.state_dict())
-
-
-from_checkpoint_kimi_linear = from_checkpoint_deepseek_v3
 
 
 def from_checkpoint_kimi_k3(config: Mapping, state_dict: Mapping[str, torch.Tensor]) -> LM:
@@ -347,8 +337,3 @@ def from_checkpoint_kimi_k3(config: Mapping, state_dict: Mapping[str, torch.Tens
     text = {k: v for k, v in state_dict.items()
             if not k.removeprefix("language_model.").startswith(vision + ("model.mtp", "mtp"))}
     return _load(lm_config_from_hf(config), text)
-
-
-def from_hf_qwen3_next(model) -> LM:
-    """An :class:`LM` with the weights and logits of ``transformers``' ``Qwen3NextForCausalLM``."""
-    return _load(lm_config_from_hf(model.config), model.state_dict())
