@@ -28,7 +28,7 @@ from ._validate import positive_int
 __all__ = ["softplus_gate", "lower_bound_gate", "init_A_log", "init_dt_bias", "half_life",
            "LOWER_BOUND"]
 
-LOWER_BOUND = -5.0  # Kimi K3's KDA gate (FACTS.md)
+LOWER_BOUND = -5.0  # Kimi K3's KDA gate: the released config's gate_lower_bound
 
 
 def _per_head(p: torch.Tensor, x: torch.Tensor, name: str) -> torch.Tensor:

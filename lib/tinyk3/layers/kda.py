@@ -369,8 +369,8 @@ class HeadsSpec(MixerSpec):
 @dataclass(frozen=True)
 class KDAConfig(HeadsSpec):
     """A :class:`KimiDeltaAttention` layer (arguments as there). Kimi Linear 48B:
-    ``KDAConfig(n_head=32, head_dim=128)`` at ``d_model = 2304``; Kimi K3 (released config, as
-    FACTS.md reads it: 96 heads of 128, the lower-bound gate, a full-rank output gate):
+    ``KDAConfig(n_head=32, head_dim=128)`` at ``d_model = 2304``; Kimi K3 (its released config,
+    as mlx-lm's port reads it: 96 heads of 128, the lower-bound gate, a full-rank output gate):
     ``KDAConfig(n_head=96, head_dim=128, gate="lower_bound", output_gate="full")`` at 7168. The
     rank of K3's low-rank forget-gate projection is taken to be Kimi Linear's (``head_dim``):
     no K3 tensor shapes were at hand to check it."""

@@ -1,0 +1,219 @@
+"""The closing comparison of the course: every token mixer of chapters 1-17 in the same tiny
+language model, and the measurements taken of each (chapter 18).
+
+:func:`tiny_config` builds the model of one mechanism: the same width, number of layers,
+feed-forward (SwiGLU), norm (RMSNorm), untied head and no learned positions for every
+mechanism, so that only the token mixer differs (and, for the tiny Kimi K3, what K3 changes
+around it: attention residuals, a latent mixture of experts, SiTU-GLU). :func:`prefill` feeds
+a model random tokens through its cache, :func:`cache_growth` splits the cache's bytes into a
+fixed part and a part per token of context, and :func:`decode_step_seconds` times one decoded
+token from a given context with :func:`tinyk3.timing.time_fn`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._validate import positive_int
+from .layers import (
+    DeltaNetConfig,
+    GatedDeltaNetConfig,
+    KDAConfig,
+    LinearAttentionConfig,
+    MLAConfig,
+    MoEConfig,
+    SoftmaxAttentionConfig,
+    SwiGLUConfig,
+)
+from .models import LM, LMCache, LMConfig
+from .timing import Timing, time_fn
+
+__all__ = ["MECHANISMS", "CHAPTERS", "tiny_config", "prefill", "cache_growth",
+           "CacheGrowth", "decode_step_seconds", "decode_times", "absorb_mla"]
+
+# name -> the chapter that builds its mixer (the order of the course)
+CHAPTERS = {
+    "softmax": 1,
+    "softmax + conv": 5,
+    "linear": 3,
+    "DeltaNet": 5,
+    "Gated DeltaNet": 10,
+    "KDA": 12,
+    "MLA": 13,
+    "KDA + MLA": 15,
+    "tiny K3": 17,
+}
+MECHANISMS = tuple(CHAPTERS)
+
+
+def tiny_config(name: str, *, vocab_size: int, d_model: int = 64, n_head: int = 2,
+                n_layer: int = 2, chunk_size: int = 16, block_size: int = 1 << 20) -> LMConfig:
+    """The tiny model of mechanism ``name`` (one of :data:`MECHANISMS`).
+
+    Every mechanism gets ``n_layer`` layers of width ``d_model`` with ``n_head`` heads of
+    ``d_model // n_head`` channels, a SwiGLU feed-forward of twice the width, RMSNorm, an
+    untied head and no learned positions (so the model runs at any context; order comes from
+    causality and, where a mixer has one, its short convolution):
+
+    * ``"softmax"``: GPT-2's attention (chapter 1), no convolution.
+    * ``"softmax + conv"``: the same with a 4-tap causal convolution on q, k, v, the one
+      the linear mixers carry (chapter 5; built into the layers of chapter 12), so that the
+      two softmax rows separate what the convolution does from what attention does.
+    * ``"linear"``, ``"DeltaNet"``: ELU+1 linear attention (chapter 3) and the delta rule
+      (chapter 5), each with the 4-tap convolution.
+    * ``"Gated DeltaNet"``, ``"KDA"``: the layers of chapters 10 and 12 (their convolution is
+      built in), chunks of ``chunk_size``.
+    * ``"MLA"``: NoPE multi-head latent attention (chapter 13), a latent of ``d_model // 2``,
+      no convolution.
+    * ``"KDA + MLA"``: the hybrid of chapter 15, KDA layers and an MLA layer last (with two
+      layers, one of each).
+    * ``"tiny K3"``: chapter 17's changes on the hybrid: KDA with the lower-bound gate and a
+      full-rank output gate, MLA with its sigmoid output gate, attention residuals with a block
+      per layer, a dense SiTU-GLU first layer and then a latent mixture of experts (8 experts of
+      which 2 per token, one shared, a latent of ``d_model // 2``).
+    """
+    if name not in CHAPTERS:
+        raise ValueError(f"unknown mechanism {name!r}: choose one of {list(MECHANISMS)}")
+    for arg, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_head", n_head),
+                       ("n_layer", n_layer), ("chunk_size", chunk_size)):
+        positive_int(value, arg, "tiny_config")
+    if d_model % (2 * n_head):
+        raise ValueError(f"tiny_config: d_model={d_model} must be a multiple of 2·n_head "
+                         f"= {2 * n_head} (heads of d_model // n_head channels, a latent of "
+                         f"d_model // 2)")
+    hd = d_model // n_head
+    mla = dict(n_head=n_head, kv_lora_rank=d_model // 2, qk_nope_head_dim=hd,
+               qk_rope_head_dim=0, v_head_dim=hd, use_rope=False)
+    mixers = {
+        "softmax": SoftmaxAttentionConfig(n_head=n_head),
+        "softmax + conv": SoftmaxAttentionConfig(n_head=n_head, conv_size=4),
+        "linear": LinearAttentionConfig(n_head=n_head, conv_size=4),
+        "DeltaNet": DeltaNetConfig(n_head=n_head, conv_size=4),
+        "Gated DeltaNet": GatedDeltaNetConfig(n_head=n_head, head_dim=hd,
+                                              chunk_size=chunk_size),
+        "KDA": KDAConfig(n_head=n_head, head_dim=hd, chunk_size=chunk_size),
+        "MLA": MLAConfig(**mla),
+    }
+    mlp = SwiGLUConfig(2 * d_model)
+    block = 0
+    if name == "KDA + MLA":
+        pattern = [mixers["KDA"]] * (n_layer - 1) + [mixers["MLA"]]
+    elif name == "tiny K3":
+        kda = KDAConfig(n_head=n_head, head_dim=hd, gate="lower_bound", output_gate="full",
+                        chunk_size=chunk_size)
+        pattern = [kda] * (n_layer - 1) + [MLAConfig(**mla, output_gate=True)]
+        latent = MoEConfig(8, 2, d_model, n_shared=1, activation="situ",
+                           latent_dim=d_model // 2, latent_norm=True)
+        mlp = [SwiGLUConfig(2 * d_model, activation="situ")] + [latent] * (n_layer - 1)
+        block = 1
+    else:
+        pattern = [mixers[name]] * n_layer
+    return LMConfig(vocab_size=vocab_size, block_size=block_size, n_embd=d_model,
+                    pattern=tuple(pattern), mlp=mlp, pos_emb=False, norm="rmsnorm",
+                    tie_embeddings=False, attn_res_block_size=block)
+
+
+def prefill(model: LM, length: int, *, batch_size: int = 1, piece: int = 1024,
+            seed: int = 0) -> LMCache:
+    """A cache that has seen ``length`` random tokens, fed in pieces of at most ``piece``
+    tokens (so that softmax attention's scores stay ``piece × length``), without gradients."""
+    if not isinstance(model, LM):
+        raise TypeError(f"prefill: model must be a tinyk3.models.LM, got {type(model).__name__}")
+    for arg, value in (("length", length), ("batch_size", batch_size), ("piece", piece)):
+        positive_int(value, arg, "prefill")
+    g = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    idx = torch.randint(0, model.config.vocab_size, (batch_size, length), generator=g)
+    cache = model.new_cache()
+    with torch.no_grad():
+        for start in range(0, length, piece):
+            model(idx[:, start:start + piece].to(device), cache=cache)
+    return cache
+
+
+@dataclass(frozen=True)
+class CacheGrowth:
+    """A decoding state's bytes as ``fixed + per_token · length`` (one sequence), from two
+    measured lengths; ``at(length)`` extrapolates."""
+
+    fixed: float
+    per_token: float
+    lengths: tuple
+    measured: tuple
+
+    def at(self, length: int) -> float:
+        return self.fixed + self.per_token * length
+
+
+def cache_growth(model: LM, lengths: tuple = (256, 512), **prefill_kw) -> CacheGrowth:
+    """Measure ``cache.nbytes()`` after ``lengths[0]`` and ``lengths[1]`` tokens and split it
+    into the bytes that do not depend on the length (states, convolution windows) and the
+    bytes each further token adds (keys and values, latents)."""
+    a, b = lengths
+    if not (isinstance(a, int) and isinstance(b, int) and 0 < a < b):
+        raise ValueError(f"cache_growth: lengths must be two ints 0 < a < b, got {lengths!r}")
+    na, nb = (prefill(model, n, **prefill_kw).nbytes() for n in (a, b))
+    batch = prefill_kw.get("batch_size", 1)
+    per_token = (nb - na) / (b - a) / batch
+    return CacheGrowth(fixed=na / batch - per_token * a, per_token=per_token, lengths=(a, b),
+                       measured=(na, nb))
+
+
+def decode_step_seconds(model: LM, cache: LMCache, *, repeats: int = 5, warmup: int = 1,
+                        min_seconds: float = 0.0, max_seconds: float | None = None) -> Timing:
+    """The time of one decoded token (a forward pass of one token through ``cache``), each run
+    from the same context: the cache is put back after every run (the model replaces a
+    layer's state and never modifies it, so the old state can be resumed from). ``repeats``,
+    ``warmup``, ``min_seconds`` and ``max_seconds`` as in :func:`tinyk3.timing.time_fn`."""
+    if not isinstance(cache, LMCache) or not cache.length:
+        raise ValueError("decode_step_seconds: cache must be an LMCache that has seen tokens "
+                         "(use prefill(model, length))")
+    layers, length = list(cache.layers), cache.length
+    device = next(model.parameters()).device
+    token = torch.zeros(cache.batch_size, 1, dtype=torch.long, device=device)
+
+    def step():
+        cache.layers, cache.length = list(layers), length
+        with torch.no_grad():
+            model(token, cache=cache)
+
+    try:
+        return time_fn(step, repeats=repeats, warmup=warmup, min_seconds=min_seconds,
+                       max_seconds=max_seconds)
+    finally:
+        cache.layers, cache.length = layers, length
+
+
+def absorb_mla(model: torch.nn.Module, absorb: bool = True) -> int:
+    """Switch every MLA layer of ``model`` to the absorbed path (chapter 13: scores against the
+    latent cache itself, the way MLA decodes) or back; returns how many layers it switched."""
+    from .layers.mla import MultiHeadLatentAttention
+
+    n = 0
+    for m in model.modules():
+        if isinstance(m, MultiHeadLatentAttention):
+            m.absorb, n = bool(absorb), n + 1
+    return n
+
+
+def decode_times(model: LM, lengths, *, rounds: int = 6, repeats: int = 3, warmup: int = 3,
+                 min_seconds: float = 0.05) -> dict:
+    """The time of one decoded token at each context length of ``lengths``: one cache per
+    length (:func:`prefill`), then ``rounds`` rounds that time every length in turn (in
+    alternating order), each for at least ``repeats`` runs and ``min_seconds``, so that a
+    drift of the machine's speed during the measurement falls on every length alike. Returns
+    ``{length: Timing}`` over all the runs of that length."""
+    lengths = tuple(lengths)
+    if not lengths:
+        raise ValueError("decode_times: give at least one context length")
+    positive_int(rounds, "rounds", "decode_times")
+    caches = {T: prefill(model, T) for T in lengths}
+    runs: dict = {T: [] for T in lengths}
+    for r in range(rounds):
+        for T in (lengths if r % 2 == 0 else lengths[::-1]):
+            t = decode_step_seconds(model, caches[T], repeats=repeats,
+                                    warmup=warmup if r == 0 else 1, min_seconds=min_seconds)
+            runs[T].extend(t.runs)
+    return {T: Timing(runs[T]) for T in lengths}
