@@ -995,8 +995,8 @@ for key, value in RESULTS.items():
     print(f"{key:>58s}: {value:.1e}")
 
 # %% [markdown]
-# **Next.** The closing page compares every mechanism of the course on one tiny model and
-# one data set.
+# **Next.** [The road compared](18_the_road_compared.ipynb) puts every mechanism of the course
+# in one tiny model, trained on one data set.
 
 # %%
 print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")
