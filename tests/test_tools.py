@@ -114,4 +114,5 @@ def test_chapter_guide_reads_titles_times_and_exercises(tmp_path):
 
 def test_ci_run_takes_its_package_list_from_the_prerequisite_check():
     text = (ROOT / ".ci" / "run").read_text()
-    assert "tools/check_prereqs.py test --packages" in text and "make test" in text
+    assert 'tools/check_prereqs.py "$prereqs" --packages' in text and 'make "$goal"' in text
+    assert "goal=${1:-test}" in text and "test) prereqs=test" in text  # make test by default

@@ -4,9 +4,10 @@
    (requirements/colab.txt, constrained by requirements/colab-freeze.txt: ipywidgets 7.7.1,
    ipykernel 6.17.1, ipython 7.34.0, numpy 2.1.3, matplotlib 3.10.0, transformers 5.15.0, ...),
    cached in _build/colab/venv and rebuilt when those files change or the venv drifted.
-2. The wheel of this repository, installed by running every notebook's own setup cell
-   (tools/setup_cell.py) with the wheel in place of ``git+REPO_URL``. Fails if pip changed or
-   removed ANY package that was there before; lists what it added.
+2. The wheel of this repository (``make wheel``'s, the release's), installed by running
+   every notebook's own setup cell (tools/setup_cell.py) with the wheel in place of
+   ``git+REPO_URL``. Fails if pip changed or removed ANY package that was there before;
+   lists what it added.
 3. Every notebook run small (SMOKE=True) on that environment's kernel, from a folder outside
    the repository, two at a time; tinyk3 must be imported from the installed wheel. The
    executed notebooks (with their ipywidgets 7 widget state) are kept in
@@ -14,6 +15,7 @@
 4. The venv is put back as it was (tinyk3 and anything the install added are removed).
 
     .venv/bin/python tools/colab_check.py [--notebooks notebooks/01_gpt2.ipynb ...] [--rebuild]
+        [--wheel dist/tinyk3-VERSION-py3-none-any.whl]   (make colab passes make wheel's)
 """
 
 from __future__ import annotations
@@ -175,12 +177,17 @@ def main() -> None:
                     default=sorted((ROOT / "notebooks").glob("*.ipynb")))
     ap.add_argument("--rebuild", action="store_true", help="rebuild the cached Colab image")
     ap.add_argument("--jobs", type=int, default=2, help="notebooks run at once")
+    ap.add_argument("--wheel", type=Path, help="install this wheel (make dist's) instead of "
+                    "building one")
     args = ap.parse_args()
+    if args.wheel is not None and not args.wheel.is_file():
+        sys.exit(f"no wheel at {args.wheel} (make wheel)")
     t0 = time.perf_counter()
     python, before = base_venv(args.rebuild)
     work = Path(tempfile.mkdtemp(prefix="tinyk3-colab."))
     try:
-        wheel = build_wheel(work / "dist")
+        wheel = args.wheel.resolve() if args.wheel else build_wheel(work / "dist")
+        say(f"installing {wheel.name}")
         install_like_the_setup_cell(python, wheel, work)
         after = freeze(python)
         problems = compare(before, after)

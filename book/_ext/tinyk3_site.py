@@ -12,7 +12,9 @@ What the themes do not do for this site, in one place:
   linking to the chapter's own notebook in the repository named in _config.yml
   (``repository.url``, the one place the URL is written; no outside image is loaded).
 * ``@REPO_URL@`` and ``@REPO_DIR@`` in a page's source become that URL and the folder a
-  ``git clone`` of it makes (code blocks included), so no page spells the URL itself.
+  ``git clone`` of it makes (code blocks included), so no page spells the URL itself;
+  ``@VERSION@`` becomes the release (``__version__`` in lib/tinyk3/__init__.py, the one
+  place it is written), which the footer of every page also shows.
 * The ``{chapter-guide}`` directive: one row per chapter in the table of contents, with the
   time its stored full-size run took (read from the notebook's last output, "This notebook
   ran in N s.") and its number of exercises, so the landing page states measured times.
@@ -60,9 +62,19 @@ def launch_links(repo_url: str, branch: str, path: str) -> dict[str, str]:
 
 # -- sources ---------------------------------------------------------------------------------
 
+def version() -> str:
+    """The release, read from the package without importing it (it imports torch)."""
+    text = (Path(__file__).resolve().parents[2] / "lib" / "tinyk3" / "__init__.py").read_text()
+    match = re.search(r'^__version__ = "([^"]+)"', text, re.M)
+    if match is None:
+        raise ValueError("lib/tinyk3/__init__.py has no __version__ line")
+    return match.group(1)
+
+
 def _substitute(app: Sphinx, docname: str, source: list[str]) -> None:
     url, _ = _repo(app)
-    source[0] = source[0].replace("@REPO_URL@", url).replace("@REPO_DIR@", url.rsplit("/", 1)[1])
+    source[0] = (source[0].replace("@REPO_URL@", url).replace("@REPO_DIR@", url.rsplit("/", 1)[1])
+                 .replace("@VERSION@", version()))
 
 
 # -- badges ----------------------------------------------------------------------------------
@@ -201,6 +213,9 @@ def _write_404(app: Sphinx, exception) -> None:
 
 def _static(app: Sphinx, config) -> None:
     config.html_static_path = [*config.html_static_path, str(STATIC)]
+    opts = dict(config.html_theme_options or {})
+    opts["extra_footer"] = f"{opts.get('extra_footer', '')} Version {version()}.".strip()
+    config.html_theme_options = opts
 
 
 def setup(app: Sphinx) -> dict:
