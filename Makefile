@@ -162,8 +162,9 @@ environment: env
 	$(PY) tools/environment_yml.py
 
 # The weekly run (.github/workflows/weekly.yml): every notebook at full size in an environment
-# with Colab's packages at Colab's published versions and the newest torch and Triton; on
-# failure _build/weekly/report.md names the notebook, the cell and the package versions.
+# with Colab's packages at the versions Colab has that day (googlecolab/backend-info; offline,
+# the committed snapshot) and the newest torch and Triton; _build/weekly/report.md names any
+# failed notebook, its cell and the package versions, and where Colab moved since the snapshot.
 # A quick local try that downloads no new torch:
 #   make weekly WEEKLY_ARGS="--smoke --newest torch==2.13.0 --notebooks notebooks/01_gpt2.ipynb"
 weekly: env wheel

@@ -78,8 +78,10 @@ def test_every_make_target_a_workflow_calls_exists():
 
 
 def test_the_makefile_knows_its_targets():
-    """The regex above reads real targets: make itself agrees on the ones that matter."""
-    for target in ("test", "dist", "weekly", "wheel", "site-archive", "environment", "lint"):
+    """The regex above reads real targets: make itself agrees on the ones that matter. (Not
+    `make -n test`: make runs a recipe line that calls $(MAKE) even under -n, and test's
+    writes the step times.)"""
+    for target in ("dist", "weekly", "wheel", "site-archive", "environment", "lint"):
         done = subprocess.run(["make", "-n", "-s", target], cwd=ROOT, capture_output=True,
                               text=True)
         assert "No rule to make target" not in done.stderr, target
@@ -235,6 +237,21 @@ def test_weekly_takes_colab_versions_except_the_newest_torch_and_triton():
     assert {"ipykernel", "ipywidgets", "matplotlib", "numpy"} <= set(reqs)
 
 
+def test_weekly_reads_colab_s_freeze_and_says_where_colab_moved():
+    text = ("numpy==2.3.1\nipywidgets==7.7.1\ntorch @ https://download.pytorch.org/x.whl\n"
+            "setuptools==75.2.0\n# a comment\nTqdm==4.68.0\n")
+    current = weekly_check.parse_freeze(text)
+    assert current == {"numpy": "2.3.1", "ipywidgets": "7.7.1", "tqdm": "4.68.0"}
+    snapshot = weekly_check.parse_freeze(weekly_check.FREEZE.read_text())
+    assert snapshot["numpy"] == "2.1.3" and "setuptools" not in snapshot
+    assert weekly_check.moved(current, snapshot, ["numpy", "ipywidgets", "tqdm", "torch"]) == [
+        "numpy 2.1.3 -> 2.3.1", "tqdm 4.67.3 -> 4.68.0"]
+    reqs, constraints = weekly_check.requirements_and_constraints(freeze_text=text)
+    assert constraints == ["numpy==2.3.1", "ipywidgets==7.7.1", "tqdm==4.68.0"]
+    freeze, source = weekly_check.colab_now("")  # no URL: the committed snapshot
+    assert freeze == weekly_check.FREEZE.read_text() and "snapshot" in source
+
+
 def test_weekly_report_names_the_notebook_the_cell_and_the_versions():
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# t"), nbformat.v4.new_code_cell("x = 1"),
@@ -248,10 +265,12 @@ def test_weekly_report_names_the_notebook_the_cell_and_the_versions():
     assert weekly_check.first_error(nbformat.v4.new_notebook()) is None
     results = [{"notebook": "01_gpt2.ipynb", "seconds": 9.0, "passed": True},
                {"notebook": "05_deltanet.ipynb", "seconds": 3.0, "passed": False, "error": err}]
-    report = weekly_check.render(results, {"python": "3.13.0", "torch": "2.99.0"}, smoke=False)
+    report = weekly_check.render(results, {"python": "3.13.0", "torch": "2.99.0"}, smoke=False,
+                                 source="backend-info", colab_moved=["numpy 2.1.3 -> 2.3.1"])
     assert report.startswith("# Weekly notebook run: 1 of 2 notebooks failed")
     for text in ("## 05_deltanet.ipynb", "Code cell 2", "RuntimeError", "size mismatch",
-                 "| torch | 2.99.0 |", "| 01_gpt2.ipynb | passed |", "full size"):
+                 "| torch | 2.99.0 |", "| 01_gpt2.ipynb | passed |", "full size",
+                 "from backend-info", "numpy 2.1.3 -> 2.3.1"):
         assert text in report, text
     ok = weekly_check.render(results[:1], {"torch": "2.99.0"}, smoke=True)
     assert "all 1 notebooks passed" in ok and "SMOKE" in ok

@@ -2,8 +2,9 @@
 against the libraries readers will have next month.
 
 1. A fresh environment in _build/weekly/venv with Colab's packages (requirements/colab.txt) at
-   Colab's published versions (requirements/colab-freeze.txt, from googlecolab/backend-info:
-   refresh it where Colab has moved) and the newest releases of torch (CPU build) and Triton.
+   the versions Colab has today (googlecolab/backend-info's pip-freeze.txt, fetched; offline,
+   the committed snapshot requirements/colab-freeze.txt) and the newest releases of torch (CPU
+   build) and Triton. The report lists where Colab has moved since the snapshot.
 2. The course's wheel installed into it (`make wheel`'s).
 3. Every notebook run at full size (or small with --smoke), each in its own process, from a
    folder outside the repository (_build/weekly/notebooks), so one failure does not hide
@@ -39,6 +40,9 @@ COLAB = ROOT / "requirements" / "colab.txt"
 FREEZE = ROOT / "requirements" / "colab-freeze.txt"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 NEWEST = ("torch", "triton")  # always the newest release, whatever Colab has
+# Colab's runtime as Google publishes it today (the committed FREEZE is a snapshot of it).
+COLAB_NOW = "https://raw.githubusercontent.com/googlecolab/backend-info/main/pip-freeze.txt"
+LEFT_OUT = ("setuptools",)  # as in FREEZE: torch needs a newer setuptools than Colab's
 REPORTED = ("python", "torch", "triton", "numpy", "matplotlib", "ipywidgets", "ipykernel",
             "ipython", "transformers", "nbclient", "tinyk3")
 
@@ -51,8 +55,41 @@ def _name(req: str) -> str:
     return re.split(r"[<>=!~;\[ ]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
+def parse_freeze(text: str) -> dict[str, str]:
+    """``name -> version`` of a pip freeze, its ``name==version`` lines only (direct-URL
+    lines such as Colab's torch are not on PyPI) and without :data:`LEFT_OUT`."""
+    out = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line and "@" not in line:
+            name, version = line.split("==", 1)
+            if _name(name) not in LEFT_OUT:
+                out[_name(name)] = version.strip()
+    return out
+
+
+def colab_now(url: str = COLAB_NOW, timeout: float = 30) -> tuple[str, str]:
+    """Colab's current pip freeze and where it came from: fetched from ``url``, or, where that
+    fails (no network), the committed snapshot, saying so."""
+    import urllib.request
+
+    if url:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                return r.read().decode(), url
+        except OSError as err:
+            say(f"could not fetch {url} ({err}); using the committed snapshot")
+    return FREEZE.read_text(), f"{FREEZE.relative_to(ROOT)} (the committed snapshot)"
+
+
+def moved(current: dict[str, str], snapshot: dict[str, str], names) -> list[str]:
+    """The packages the course touches whose Colab version is no longer the snapshot's."""
+    return [f"{n} {snapshot[n]} -> {current[n]}" for n in names
+            if n in current and n in snapshot and current[n] != snapshot[n]]
+
+
 def requirements_and_constraints(colab: Path = COLAB, freeze: Path = FREEZE,
-                                 newest: tuple[str, ...] = NEWEST):
+                                 newest: tuple[str, ...] = NEWEST, freeze_text: str | None = None):
     """Colab's package list (without a version: the constraints decide) plus ``newest``
     (requirement specifiers, by default :data:`NEWEST`: plain names, so the newest release),
     and the constraints: Colab's published versions of everything except :data:`NEWEST`."""
@@ -61,16 +98,13 @@ def requirements_and_constraints(colab: Path = COLAB, freeze: Path = FREEZE,
         line = line.split("#", 1)[0].strip()
         if line and _name(line) not in NEWEST:
             reqs.append(_name(line))
-    constraints = []
-    for line in freeze.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line and _name(line) not in NEWEST:
-            constraints.append(line)
+    versions = parse_freeze(freeze.read_text() if freeze_text is None else freeze_text)
+    constraints = [f"{n}=={v}" for n, v in versions.items() if n not in NEWEST]
     return reqs + list(newest), constraints
 
 
 def build_venv(wheel: Path, keep: bool, torch_index: str = TORCH_INDEX,
-               newest: tuple[str, ...] = NEWEST) -> Path:
+               newest: tuple[str, ...] = NEWEST, freeze_text: str | None = None) -> Path:
     python = VENV / "bin" / "python"
     if keep and python.exists():
         say(f"reusing {VENV.relative_to(ROOT)}")
@@ -78,7 +112,8 @@ def build_venv(wheel: Path, keep: bool, torch_index: str = TORCH_INDEX,
         shutil.rmtree(VENV, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
         subprocess.run([python, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
-        reqs, constraints = requirements_and_constraints(newest=newest)
+        reqs, constraints = requirements_and_constraints(newest=newest,
+                                                         freeze_text=freeze_text)
         pins = WEEKLY / "constraints.txt"
         pins.write_text("\n".join(constraints) + "\n")
         say(f"installing {' '.join(reqs)} ({len(constraints)} Colab versions as constraints; "
@@ -140,12 +175,19 @@ def run_one(python: Path, nb: Path, work: Path, smoke: bool) -> dict:
     return result
 
 
-def render(results: list[dict], vers: dict[str, str], smoke: bool) -> str:
+def render(results: list[dict], vers: dict[str, str], smoke: bool, source: str = "",
+           colab_moved: list[str] | None = None) -> str:
     failed = [r for r in results if not r["passed"]]
     size = "small (SMOKE)" if smoke else "full size"
     lines = [f"# Weekly notebook run: {len(failed)} of {len(results)} notebooks failed"
-             if failed else f"# Weekly notebook run: all {len(results)} notebooks passed", "",
-             f"Every notebook at {size} on {platform.machine()}, with:", "",
+             if failed else f"# Weekly notebook run: all {len(results)} notebooks passed", ""]
+    if source:
+        lines += [f"Colab's package versions from {source}.", ""]
+    if colab_moved:
+        lines += ["Colab has moved since requirements/colab-freeze.txt was taken (refresh it, "
+                  "and the floors in pyproject.toml where needed): " + ", ".join(colab_moved)
+                  + ".", ""]
+    lines += [f"Every notebook at {size} on {platform.machine()}, with:", "",
              "| package | version |", "|---|---|",
              *(f"| {k} | {v} |" for k, v in vers.items()), "",
              "| notebook | result | seconds |", "|---|---|---|",
@@ -172,6 +214,8 @@ def main() -> None:
     ap.add_argument("--keep-venv", action="store_true", help="reuse _build/weekly/venv")
     ap.add_argument("--torch-index", default=TORCH_INDEX,
                     help="where torch's CPU wheels come from ('' for the default index)")
+    ap.add_argument("--colab-freeze", default=COLAB_NOW, metavar="URL",
+                    help="Colab's current pip freeze ('' for the committed snapshot)")
     ap.add_argument("--newest", nargs="*", default=list(NEWEST), metavar="SPEC",
                     help="what to take beyond Colab's versions (default: the newest torch and "
                          "triton); e.g. --newest torch==2.13.0 for a try without downloads")
@@ -179,8 +223,11 @@ def main() -> None:
     if not args.wheel.is_file():
         sys.exit(f"no wheel at {args.wheel} (make wheel)")
     WEEKLY.mkdir(parents=True, exist_ok=True)
+    freeze_text, source = colab_now(args.colab_freeze)
+    names = requirements_and_constraints()[0]
+    colab_moved = moved(parse_freeze(freeze_text), parse_freeze(FREEZE.read_text()), names)
     python = build_venv(args.wheel.resolve(), args.keep_venv, args.torch_index,
-                        tuple(args.newest))
+                        tuple(args.newest), freeze_text)
     vers = versions(python)
     say("versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
     work = WEEKLY / "notebooks"
@@ -192,7 +239,7 @@ def main() -> None:
         r = run_one(python, nb.resolve(), work, args.smoke)
         say(f"{nb.name}: {'passed' if r['passed'] else 'FAILED'} in {r['seconds']} s")
         results.append(r)
-    report = render(results, vers, args.smoke)
+    report = render(results, vers, args.smoke, source, colab_moved)
     (WEEKLY / "report.md").write_text(report)
     (WEEKLY / "results.json").write_text(json.dumps({"versions": vers, "results": results},
                                                     indent=1))
