@@ -267,3 +267,39 @@ def test_train_batches_bad_arguments():
         train_batches(_tiny(), _batch, steps=-1, progress=False)
     with pytest.raises(ValueError, match="warmup must be a non-negative int"):
         train_batches(_tiny(), _batch, steps=2, warmup=True, progress=False)
+
+
+# -- the experiments' sampler and held-out sets -----------------------------------------------
+
+def test_mqar_sampler_draws_the_pair_count_then_the_batch_from_one_generator():
+    from tinyk3.data import mqar_sampler
+
+    batch = mqar_sampler(5, 8, V)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    x, y = batch(g1)
+    P = int(torch.randint(1, 9, (1,), generator=g2))  # what the chapters wrote out by hand
+    x2, y2 = mqar(5, P, V, generator=g2, show_answers=False)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    counts = {int((batch(g1)[1] != IGNORE_INDEX).sum(1)[0]) for _ in range(60)}
+    assert counts == set(range(1, 9))  # every P in 1..8, queries = pairs
+    with pytest.raises(ValueError, match="do not fit"):
+        mqar_sampler(2, 40, V)
+
+
+def test_mqar_held_out_sets_are_fixed_and_scored_without_gradients():
+    from tinyk3.data import MQARHeldOut
+
+    held = MQARHeldOut([2, 4], 16, V)
+    again = MQARHeldOut([4], 16, V)
+    assert torch.equal(held.sets[4][0], again.sets[4][0])  # seed + P: the same set
+    assert torch.equal(held.sets[4][0], mqar(16, 4, V, seed=1004, show_answers=False)[0])
+    x, y = held.sets[2]
+
+    class Oracle(torch.nn.Module):  # answers every query right: logits peak at the target
+        def forward(self, idx):
+            assert not torch.is_grad_enabled()
+            return F.one_hot(y.clamp(min=0), V).float()
+
+    assert held.accuracy(Oracle(), 2) == 1.0
+    with pytest.raises(KeyError, match="no held-out set of 8 pairs"):
+        held.accuracy(Oracle(), 8)

@@ -18,6 +18,7 @@ from ._validate import positive_int
 __all__ = [
     "load_corpus", "encode", "decode", "split", "get_batch", "VOCAB_SIZE",
     "IGNORE_INDEX", "mqar", "mqar_seq_len", "mqar_elimination_accuracy", "recall_accuracy",
+    "mqar_sampler", "MQARHeldOut",
 ]
 
 VOCAB_SIZE = 256
@@ -174,6 +175,48 @@ def mqar(
     recall[:, 2 * P :: 2] = True  # input is a queried key, target its value
     targets[~recall] = IGNORE_INDEX
     return inputs.contiguous(), targets
+
+
+def mqar_sampler(batch_size: int, max_pairs: int, vocab_size: int, *,
+                 show_answers: bool = False):
+    """A batch function for :func:`tinyk3.train.train_batches`: each call ``batch(g)`` draws
+    one pair count ``P ~ U{1, ..., max_pairs}`` from the generator ``g``, then
+    ``mqar(batch_size, P, vocab_size)`` from the same generator (the training data of the
+    recall experiments of chapters 5, 15 and 18)."""
+    for name, value in (("batch_size", batch_size), ("max_pairs", max_pairs),
+                        ("vocab_size", vocab_size)):
+        positive_int(value, name, "mqar_sampler")
+    if max_pairs > vocab_size // 2:
+        raise ValueError(f"mqar_sampler: max_pairs={max_pairs} keys do not fit in half of "
+                         f"vocab_size={vocab_size}")
+
+    def batch(g: torch.Generator):
+        P = int(torch.randint(1, max_pairs + 1, (1,), generator=g))  # one count per batch
+        return mqar(batch_size, P, vocab_size, generator=g, show_answers=show_answers)
+
+    return batch
+
+
+class MQARHeldOut:
+    """Fixed held-out recall sets, one per pair count: ``mqar(n_examples, P, vocab_size,
+    seed=seed + P)`` for each ``P`` in ``pairs``; ``accuracy(model, P)`` is the model's
+    :func:`recall_accuracy` on the set of ``P`` pairs (without gradients)."""
+
+    def __init__(self, pairs, n_examples: int, vocab_size: int, *, show_answers: bool = False,
+                 seed: int = 1000):
+        self.pairs = tuple(pairs)
+        if not self.pairs:
+            raise ValueError("MQARHeldOut: give at least one pair count")
+        self.sets = {P: mqar(n_examples, P, vocab_size, seed=seed + P, show_answers=show_answers)
+                     for P in self.pairs}
+
+    def accuracy(self, model, n_pairs: int) -> float:
+        if n_pairs not in self.sets:
+            raise KeyError(f"MQARHeldOut: no held-out set of {n_pairs} pairs "
+                           f"(have {list(self.pairs)})")
+        x, y = self.sets[n_pairs]
+        with torch.no_grad():
+            return recall_accuracy(model(x), y)
 
 
 def recall_accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> float:

@@ -73,7 +73,7 @@ import torch.nn.functional as F
 
 from tinyk3 import checks, memory
 from tinyk3.bench import stamp
-from tinyk3.data import mqar, mqar_seq_len, recall_accuracy
+from tinyk3.data import MQARHeldOut, mqar, mqar_sampler, mqar_seq_len
 from tinyk3.models import MixerConfig, MixerLM
 from tinyk3.ops import delta_rule, feature_maps
 from tinyk3.timing import time_fn
@@ -667,20 +667,10 @@ def build(mixer, seed):
     return MixerLM(config)
 
 
-def batch_fn(g):
-    # one pair count per batch
-    P = int(torch.randint(1, PAIRS_TRAIN + 1, (1,), generator=g))
-    return mqar(MQAR_BATCH, P, VOCAB, generator=g, show_answers=False)
-
-
-held_out = {P: mqar(N_EVAL, P, VOCAB, seed=1000 + P, show_answers=False)
-            for P in EVAL_PAIRS}
-
-
-def accuracy_at(model, P):
-    x, y = held_out[P]
-    with torch.no_grad():
-        return recall_accuracy(model(x), y)
+# each batch: one pair count P ~ U{1, ..., 8}, then MQAR_BATCH sequences of P pairs
+batch_fn = mqar_sampler(MQAR_BATCH, PAIRS_TRAIN, VOCAB)
+held = MQARHeldOut(EVAL_PAIRS, N_EVAL, VOCAB)  # fixed held-out sets, seed 1000 + P
+held_out, accuracy_at = held.sets, held.accuracy
 
 
 def train_mqar(mixer, seed):

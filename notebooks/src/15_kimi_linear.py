@@ -76,7 +76,7 @@ import numpy as np
 import torch
 
 from tinyk3 import checks
-from tinyk3.data import mqar, recall_accuracy
+from tinyk3.data import MQARHeldOut, mqar_sampler
 from tinyk3.layers import KDAConfig, MLAConfig, MoEConfig, SwiGLUConfig, state_nbytes
 from tinyk3.models import LM, LMConfig, count_parameters, from_hf, presets
 from tinyk3.train import train_batches
@@ -508,19 +508,8 @@ def build(pattern, seed):
     return LM(cfg)
 
 
-def batch_fn(g):
-    P = int(torch.randint(1, P_TRAIN + 1, (1,), generator=g))
-    return mqar(MQAR_BATCH, P, VOCAB, generator=g, show_answers=False)
-
-
-held_out = {P: mqar(N_EVAL, P, VOCAB, seed=1000 + P, show_answers=False)
-            for P in EVAL_PAIRS}
-
-
-def accuracy_at(model, P):
-    x, y = held_out[P]
-    with torch.no_grad():
-        return recall_accuracy(model(x), y)
+batch_fn = mqar_sampler(MQAR_BATCH, P_TRAIN, VOCAB)  # chapter 5's: one P per batch
+accuracy_at = MQARHeldOut(EVAL_PAIRS, N_EVAL, VOCAB).accuracy  # seed 1000 + P
 
 
 runs = {}

@@ -79,7 +79,7 @@ import torch
 
 from tinyk3 import checks, compare, data
 from tinyk3.bench import stamp
-from tinyk3.data import mqar, recall_accuracy
+from tinyk3.data import MQARHeldOut, mqar_sampler
 from tinyk3.models import LM, count_parameters
 from tinyk3.timing import distinguishable
 from tinyk3.train import train_batches, train_lm
@@ -257,19 +257,8 @@ corpus = data.encode(data.load_corpus())
 train_data, val_data = data.split(corpus)
 EVAL_PAIRS = [2, 4, 8] if SMOKE else [2, 4, 8, 16, 32]
 N_EVAL = 64 if SMOKE else 256  # held-out sequences per pair count
-held_out = {P: mqar(N_EVAL, P, VOCAB_MQAR, seed=1000 + P, show_answers=False)
-            for P in EVAL_PAIRS}
-
-
-def mqar_batch(g):
-    P = int(torch.randint(1, 9, (1,), generator=g))  # one pair count per batch
-    return mqar(32, P, VOCAB_MQAR, generator=g, show_answers=False)
-
-
-def recall_at(model, P):
-    x, y = held_out[P]
-    with torch.no_grad():
-        return recall_accuracy(model(x), y)
+mqar_batch = mqar_sampler(32, 8, VOCAB_MQAR)  # chapter 5's: one P in 1..8 per batch
+recall_at = MQARHeldOut(EVAL_PAIRS, N_EVAL, VOCAB_MQAR).accuracy  # seed 1000 + P
 
 
 lm_runs, recall, seconds = {}, {}, {}
