@@ -12,8 +12,8 @@ four layers), KDA and MLA layers side by side, a dense first layer, the latent M
 from __future__ import annotations
 
 import copy
-import math
 
+import k3_tiny
 import numpy as np
 import pytest
 import torch
@@ -26,87 +26,13 @@ k3 = pytest.importorskip("mlx_lm.models.kimi_k3")
 
 TOL = 1e-4  # float32 logits, the issue's bound (logits up to about 3.6; measured below)
 
-D, V, H, DK, K = 32, 96, 2, 8, 4
-HQ, RQ, R, DN, DR, DV = 4, 16, 12, 8, 4, 6
-E, TOPK, HE, L, NS = 8, 3, 6, 12, 1
-TEXT = dict(
-    model_type="kimi_linear", vocab_size=V, hidden_size=D, num_hidden_layers=4,
-    num_attention_heads=HQ, num_key_value_heads=HQ, intermediate_size=40, rms_norm_eps=1e-5,
-    max_position_embeddings=4096, hidden_act="situ", activation_situ_beta=4.0,
-    activation_situ_linear_beta=25.0, attn_res_block_size=2,
-    linear_attn_config={"num_heads": H, "head_dim": DK, "short_conv_kernel_size": K,
-                        "gate_lower_bound": -5.0, "use_full_rank_gate": True,
-                        "kda_layers": [1, 2, 4], "full_attn_layers": [3]},
-    q_lora_rank=RQ, kv_lora_rank=R, qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV,
-    mla_use_nope=True, mla_use_output_gate=True, num_experts=E, num_experts_per_token=TOPK,
-    num_shared_experts=NS, moe_intermediate_size=HE, routed_expert_hidden_size=L,
-    latent_moe_use_norm=True, routed_scaling_factor=2.5, num_expert_group=4, topk_group=2,
-    first_k_dense_replace=1, moe_layer_freq=1, tie_word_embeddings=False)
-CONFIG = {"model_type": "kimi_k3", "text_config": TEXT}
-
-
-def _shapes() -> dict[str, tuple]:
-    """Every tensor of the tiny checkpoint, under the published names."""
-    P = H * DK
-    s = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,),
-         "lm_head.weight": (V, D), "model.output_attn_res.proj_weight": (1, D),
-         "model.output_attn_res.norm_weight": (D,)}
-    for i in range(TEXT["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        s.update({p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,)})
-        for res in ("self_attention_res", "mlp_res"):
-            s.update({p + f"{res}.proj_weight": (1, D), p + f"{res}.norm_weight": (D,)})
-        a = p + "self_attn."
-        if i + 1 in TEXT["linear_attn_config"]["kda_layers"]:
-            for x in "qkv":
-                s.update({a + f"{x}_proj.weight": (P, D), a + f"{x}_conv1d.weight": (P, 1, K)})
-            s.update({a + "f_a_proj.weight": (DK, D), a + "f_b_proj.weight": (P, DK),
-                      a + "b_proj.weight": (H, D), a + "g_proj.weight": (P, D),
-                      a + "A_log": (1, 1, H, 1), a + "dt_bias": (P,),
-                      a + "o_norm.weight": (DK,), a + "o_proj.weight": (D, P)})
-        else:
-            s.update({a + "q_a_proj.weight": (RQ, D), a + "q_a_layernorm.weight": (RQ,),
-                      a + "q_b_proj.weight": (HQ * (DN + DR), RQ),
-                      a + "kv_a_proj_with_mqa.weight": (R + DR, D),
-                      a + "kv_a_layernorm.weight": (R,), a + "kv_b_proj.weight": (HQ * (DN + DV), R),
-                      a + "o_proj.weight": (D, HQ * DV), a + "g_proj.weight": (HQ * DV, D)})
-        if i < TEXT["first_k_dense_replace"]:
-            s.update({p + "mlp.gate_proj.weight": (40, D), p + "mlp.up_proj.weight": (40, D),
-                      p + "mlp.down_proj.weight": (D, 40)})
-        else:
-            m = p + "block_sparse_moe."
-            s.update({m + "gate.weight": (E, D), m + "gate.e_score_correction_bias": (E,),
-                      m + "routed_expert_down_proj.weight": (L, D),
-                      m + "routed_expert_up_proj.weight": (D, L), m + "routed_expert_norm.weight": (L,),
-                      m + "shared_experts.gate_proj.weight": (NS * HE, D),
-                      m + "shared_experts.up_proj.weight": (NS * HE, D),
-                      m + "shared_experts.down_proj.weight": (D, NS * HE)})
-            for e in range(E):
-                s.update({m + f"experts.{e}.w1.weight": (HE, L), m + f"experts.{e}.w3.weight": (HE, L),
-                          m + f"experts.{e}.w2.weight": (L, HE)})
-    return {"language_model." + k: v for k, v in s.items()}
+V = k3_tiny.SIZES["V"]
+TEXT = k3_tiny.text_config()
+CONFIG = k3_tiny.config(TEXT)
 
 
 def _checkpoint(seed=0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, shape in _shapes().items():
-        if name.endswith("A_log"):
-            t = torch.empty(shape).uniform_(1, 16, generator=g).log()
-        elif name.endswith("dt_bias"):
-            t = torch.randn(shape, generator=g) - 1.0
-        elif name.endswith("e_score_correction_bias"):
-            t = 0.1 * torch.randn(shape, generator=g)
-        elif name.endswith("proj_weight"):  # the depth mixes: logits of order one
-            t = 2 * torch.randn(shape, generator=g) / math.sqrt(shape[-1])
-        elif "norm" in name:
-            t = 1 + 0.2 * torch.randn(shape, generator=g)
-        elif "conv1d" in name:
-            t = 0.5 * torch.randn(shape, generator=g)
-        else:
-            t = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
-        out[name] = t
-    return out
+    return k3_tiny.checkpoint(TEXT, seed)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +57,8 @@ def test_config_reads_the_published_layout():
     cfg = lm_config_from_hf(CONFIG)
     assert cfg.kinds == ("kda", "kda", "mla", "kda")
     assert [m.kind for m in cfg.layer_mlps] == ["swiglu", "moe", "moe", "moe"]
-    assert cfg.attn_res_block_size == 2 and cfg.layer_mlps[1].latent_dim == L
+    assert cfg.attn_res_block_size == 2
+    assert cfg.layer_mlps[1].latent_dim == k3_tiny.SIZES["L"]
 
 
 def test_logits_equal_mlx_lm(pair):

@@ -274,7 +274,9 @@ class KimiDeltaAttention(nn.Module):
         checkpoint's (``q_conv1d.weight``, ``f_a_proj.weight``, ...), keys relative to the layer
         (a model loader strips its ``model.layers.N.self_attn.`` prefix first). ``A_log`` of any
         shape with ``HV`` elements (``[1, 1, HV, 1]`` in both) becomes ``[HV]``, and ``dt_bias``
-        ``[HV·Dk]``.
+        ``[HV·Dk]``. Kimi K3's checkpoint stores ``A_log`` with more entries than heads (128 for
+        96; mlx-lm's ``sanitize`` and Megatron-Bridge slice it too): the first ``HV`` are kept,
+        ``HV`` read from ``b_proj.weight`` (one row per value head).
         """
         out = {}
         for key, t in state_dict.items():
@@ -285,6 +287,9 @@ class KimiDeltaAttention(nn.Module):
                     out[f"{p}_conv1d.weight"] = w
                 continue
             out[key] = t.reshape(-1) if key in ("A_log", "dt_bias") else t
+        b = state_dict.get("b_proj.weight", state_dict.get("forget_gate.b_proj.weight"))
+        if "A_log" in out and b is not None and out["A_log"].numel() > b.shape[0]:
+            out["A_log"] = out["A_log"][: b.shape[0]]  # padded in the released checkpoint
         return out
 
     def load_hf_state_dict(self, state_dict, strict: bool = True):

@@ -9,7 +9,9 @@ One path serves both loaders: :func:`lm_config_from_hf` reads the configuration,
 ``ln_f``). It takes ``transformers``' runtime names (the routed experts stacked,
 ``experts.gate_up_proj [E, 2h, d]``) or the published checkpoints' (one
 ``experts.N.gate_proj / up_proj / down_proj`` per expert, stacked here), with or without a
-``model.`` or ``language_model.`` prefix. DeepSeek-V3's multi-token-prediction layer (layer
+``model.`` or ``language_model.`` prefix. Kimi K3's released routed experts are MXFP4
+(``experts.N.w1.weight_packed`` and ``.weight_scale``, :mod:`tinyk3.mxfp4`): they are
+dequantised here, into the dtype of the checkpoint's other float tensors. DeepSeek-V3's multi-token-prediction layer (layer
 index ``num_hidden_layers`` in its checkpoint) is not built, as in ``transformers``, and its
 tensors are dropped. YaRN-scaled RoPE (the released DeepSeek-V3 and Kimi K2 configs) is not
 built: loading such a config raises ``NotImplementedError`` (the presets, which only count and
@@ -33,6 +35,7 @@ from ..layers import (
     SwiGLUConfig,
 )
 from ..layers.moe import SITU_CAPS
+from ..mxfp4 import dequantize_mxfp4
 from .config import LMConfig
 from .lm import LM
 
@@ -232,7 +235,7 @@ _BLOCK_NAMES = {"input_layernorm.": "ln_1.", "post_attention_layernorm.": "ln_2.
                 "block_sparse_moe.e_score_correction_bias": "mlp.router.e_score_correction_bias",
                 "block_sparse_moe.": "mlp."}
 _EXPERT = re.compile(r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
-                     r"(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+                     r"(gate_proj|up_proj|down_proj|w1|w2|w3)\.(weight|weight_packed|weight_scale)$")
 _EXPERT_PART = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Mixtral's names
 # attention residuals: the checkpoint's "X.proj_weight" and mlx-lm's "X_proj.weight" → "X.proj.weight"
 _RES = re.compile(r"^(self_attention_res|mlp_res|output_attn_res)(?:\.|_)(proj|norm)(?:_|\.)weight$")
@@ -244,7 +247,10 @@ def convert_state_dict(config: LMConfig, state_dict: Mapping[str, torch.Tensor])
     rotary buffers are dropped."""
     out: dict[str, torch.Tensor] = {}
     experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    packed: dict[tuple[int, str, int], dict[str, torch.Tensor]] = {}  # MXFP4 experts
     mixer_parts: dict[int, dict[str, torch.Tensor]] = {}
+    float_dtype = next((t.dtype for t in state_dict.values() if t.is_floating_point()),
+                       torch.float32)
     for key, t in state_dict.items():
         key = key.removeprefix("language_model.").removeprefix("model.")
         if key.endswith("inv_freq"):
@@ -266,7 +272,10 @@ def convert_state_dict(config: LMConfig, state_dict: Mapping[str, torch.Tensor])
             m = _EXPERT.match(rest)
             if m:
                 part = _EXPERT_PART.get(m.group(2), m.group(2))
-                experts.setdefault((i, part), {})[int(m.group(1))] = t
+                if m.group(3) == "weight":
+                    experts.setdefault((i, part), {})[int(m.group(1))] = t
+                else:
+                    packed.setdefault((i, part, int(m.group(1))), {})[m.group(3)] = t
                 continue
             m = _RES.match(rest)
             if m:
@@ -280,6 +289,15 @@ def convert_state_dict(config: LMConfig, state_dict: Mapping[str, torch.Tensor])
                     rest = new + rest[len(old):]
                     break
             out[f"transformer.h.{i}.{rest}"] = t
+    for (i, part, e), pair in packed.items():
+        if set(pair) != {"weight_packed", "weight_scale"}:
+            raise ValueError(f"convert_state_dict: layer {i}, expert {e}, {part}: MXFP4 needs "
+                             f"both weight_packed and weight_scale, got only {sorted(pair)}")
+        try:
+            w = dequantize_mxfp4(pair["weight_packed"], pair["weight_scale"], dtype=float_dtype)
+        except ValueError as err:
+            raise ValueError(f"convert_state_dict: layer {i}, expert {e}, {part}: {err}") from None
+        experts.setdefault((i, part), {})[e] = w
     for i, parts in mixer_parts.items():
         convert = getattr(config.layer_mixers[i].module, "convert_hf_state_dict", None)
         for name, t in (convert(parts) if convert else parts).items():
@@ -301,7 +319,7 @@ def convert_state_dict(config: LMConfig, state_dict: Mapping[str, torch.Tensor])
 
 def _load(config: LMConfig, state_dict: Mapping[str, torch.Tensor]) -> LM:
     sd = convert_state_dict(config, state_dict)
-    ref = next(iter(sd.values()))
+    ref = next((t for t in sd.values() if t.is_floating_point()), next(iter(sd.values())))
     with torch.device("meta"):
         model = LM(config)
     model = model.to_empty(device=ref.device).to(ref.dtype)
