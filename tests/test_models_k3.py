@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import copy
 
-import k3_tiny
 import numpy as np
 import pytest
 import torch
 
+import k3_tiny
 from tinyk3.models import LM, count_parameters, from_checkpoint
 from tinyk3.models.hub import lm_config_from_hf
 

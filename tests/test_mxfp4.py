@@ -10,11 +10,11 @@ from __future__ import annotations
 import copy
 import json
 
-import k3_tiny
 import numpy as np
 import pytest
 import torch
 
+import k3_tiny
 from tinyk3 import mxfp4
 from tinyk3.models import from_checkpoint
 

@@ -11,6 +11,7 @@ import torch
 
 from tinyk3.layers import (
     GatedAttention,
+    KDAConfig,
     MLAConfig,
     MultiHeadLatentAttention,
     SoftmaxAttention,
@@ -24,7 +25,10 @@ from tinyk3.optim import (
     attention_max_logits,
     max_logits_per_head,
     muon_lr_scale,
+    muon_param_groups,
     newton_schulz,
+    per_head_newton_schulz,
+    per_head_projections,
     qk_clip_,
     qk_clip_factors,
     split_params_for_muon,
@@ -437,3 +441,91 @@ def test_qkclip_records_in_training_forward_passes_and_clips_every_layer(mixer):
     with pytest.raises(ValueError, match="no SoftmaxAttention"):
         QKClip(torch.nn.Linear(3, 3))
     assert math.isinf(QKClip(model).largest())
+
+
+# -- Per-Head Muon (Kimi K3) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("heads, d, n", [(4, 8, 32), (3, 16, 5), (1, 6, 6), (8, 1, 10)])
+def test_per_head_newton_schulz_is_each_block_on_its_own(heads, d, n):
+    G = _randn(heads * d, n, seed=heads + d + n)
+    G[:d] *= 1e-3  # one head's gradient far smaller than the others'
+    out = per_head_newton_schulz(G, heads)
+    loop = torch.cat([newton_schulz(G[h * d:(h + 1) * d]) for h in range(heads)])
+    assert out.shape == G.shape and (out - loop).abs().max() < 1e-13
+    whole = newton_schulz(G)
+    if heads > 1 and min(d, n) > 1:
+        # per head, the small head's block is as large as the others; in the whole matrix not
+        assert torch.linalg.svdvals(out[:d]).max() > 0.6
+        assert torch.linalg.svdvals(whole[:d]).max() < 0.1
+    G32 = G.float()
+    assert (per_head_newton_schulz(G32, heads) - loop.float()).abs().max() < 1e-4
+    assert per_head_newton_schulz(G32, heads, dtype=torch.bfloat16).dtype == torch.float32
+
+
+def test_per_head_newton_schulz_rejects_bad_input():
+    with pytest.raises(ValueError, match="do not split into 3 heads"):
+        per_head_newton_schulz(_randn(8, 4), 3)
+    with pytest.raises(ValueError, match="heads"):
+        per_head_newton_schulz(_randn(8, 4), 0)
+    with pytest.raises(ValueError, match=r"matrix \[heads"):
+        per_head_newton_schulz(_randn(2, 8, 4), 2)
+
+
+def test_muon_with_a_heads_group_steps_each_block_on_its_own():
+    """One step, written out: momentum, Nesterov, per-head Newton–Schulz, the block's scale."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(_randn(4 * 6, 20, seed=1))
+    v = torch.nn.Parameter(_randn(10, 20, seed=2))
+    w0, v0 = w.detach().clone(), v.detach().clone()
+    opt = Muon([{"params": [w], "heads": 4}, {"params": [v]}], lr=0.1, momentum=0.9,
+               weight_decay=0.01)
+    gw, gv = _randn(24, 20, seed=3), _randn(10, 20, seed=4)
+    w.grad, v.grad = gw.clone(), gv.clone()
+    opt.step()
+    for p, p0, g, heads in ((w, w0, gw, 4), (v, v0, gv, None)):
+        m = 0.1 * g  # the moving average after one step, from zero
+        u = 0.1 * g + 0.9 * m
+        if heads:
+            O = torch.cat([newton_schulz(b) for b in u.split(6)])
+            scale = 0.2 * math.sqrt(max(6, 20))
+        else:
+            O, scale = newton_schulz(u), 0.2 * math.sqrt(max(10, 20))
+        want = p0 * (1 - 0.1 * 0.01) - 0.1 * scale * O
+        assert (p.detach() - want).abs().max() < 1e-13
+    with pytest.raises(ValueError, match="heads=5"):
+        Muon([{"params": [w], "heads": 5}], lr=0.1)
+
+
+def test_per_head_projections_and_groups():
+    torch.manual_seed(0)
+    mla = MLAConfig(n_head=2, q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=4,
+                    qk_rope_head_dim=2, v_head_dim=4)
+    model = LM(LMConfig(vocab_size=32, block_size=16, n_embd=16,
+                        pattern=(mla, KDAConfig(n_head=2, head_dim=8),
+                                 SoftmaxAttentionConfig(n_head=4)),
+                        pos_emb=False, norm="rmsnorm", tie_embeddings=False))
+    heads = per_head_projections(model)
+    assert heads == {
+        "transformer.h.0.attn.q_b_proj.weight": 2, "transformer.h.0.attn.kv_b_proj.weight": 2,
+        "transformer.h.1.attn.q_proj.weight": 2, "transformer.h.1.attn.k_proj.weight": 2,
+        "transformer.h.1.attn.v_proj.weight": 2,
+        "transformer.h.2.attn.q_proj.weight": 4, "transformer.h.2.attn.k_proj.weight": 4,
+        "transformer.h.2.attn.v_proj.weight": 4}
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups, rest = muon_param_groups(model)
+    muon, other = split_params_for_muon(model)
+    assert [id(p) for p in rest] == [id(p) for p in other]
+    assert sorted(id(p) for g in groups for p in g["params"]) == sorted(id(p) for p in muon)
+    for g in groups:
+        for p in g["params"]:
+            assert heads.get(names[id(p)]) == g["heads"]
+    assert {g["heads"] for g in groups} == {None, 2, 4}
+    plain, _ = muon_param_groups(model, per_head=False)
+    assert len(plain) == 1 and "heads" not in plain[0]
+    opt = Muon(groups, lr=0.02)
+    x = torch.randint(0, 32, (2, 8))
+    model(x).square().mean().backward()
+    before = model.transformer.h[0].attn.kv_b_proj.weight.detach().clone()
+    opt.step()
+    assert not torch.equal(before, model.transformer.h[0].attn.kv_b_proj.weight)

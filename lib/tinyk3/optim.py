@@ -30,6 +30,12 @@ so that the logit would have been ``τ``: ``η_h = min(1, τ / S_max^h)``.
   ``q_rope`` alone (by ``η``). Both parts of the logit are then multiplied by ``η`` exactly,
   as in Megatron-LM's code.
 
+**Per-Head Muon** (Kimi K3's report, §2.5, as torchtitan's ``models/kimi_k3/muon.py`` quotes
+it): the momentum of the Q, K and V projections is split along the head dimension and each
+head's block orthogonalised on its own (:func:`per_head_newton_schulz`); ``o_proj``, whose head
+axis is on its input side, is not. :func:`muon_param_groups` gives :class:`Muon` those
+parameters in groups that carry their head count (``"heads"``).
+
 Heads at or below ``τ`` are not touched: their rows are multiplied by exactly 1.0 (or, when no
 head exceeds ``τ``, nothing is written at all), so they stay bit for bit.
 """
@@ -44,7 +50,8 @@ import torch.nn as nn
 from ._validate import nonnegative_int, positive_int
 
 __all__ = [
-    "NS_COEFFICIENTS", "newton_schulz", "muon_lr_scale", "Muon", "split_params_for_muon",
+    "NS_COEFFICIENTS", "newton_schulz", "per_head_newton_schulz", "muon_lr_scale", "Muon",
+    "split_params_for_muon", "per_head_projections", "muon_param_groups",
     "max_logits_per_head", "attention_max_logits", "qk_clip_factors", "qk_clip_", "QKClip",
 ]
 
@@ -109,6 +116,26 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coefficients=NS_COEFFICIENTS,
     return X.to(G.dtype)
 
 
+def per_head_newton_schulz(G: torch.Tensor, heads: int, **kwargs) -> torch.Tensor:
+    """Per-Head Muon's orthogonalisation (Kimi K3): ``G [heads·d, n]`` split along its rows
+    into ``heads`` blocks of ``d`` rows (one attention head's rows of a Q, K or V projection
+    each), every block orthogonalised by :func:`newton_schulz` on its own (one batched call,
+    ``[heads, d, n]``), stacked back to ``G``'s shape. ``kwargs`` go to :func:`newton_schulz`.
+
+    Each block then has its own singular values near 1, whatever the sizes of the other heads'
+    gradients: a head whose gradient is small gets as large an update as the others, which the
+    full-matrix form (one polar factor for all heads together) does not give it."""
+    if not isinstance(G, torch.Tensor) or G.dim() != 2:
+        raise ValueError(f"per_head_newton_schulz: G must be a matrix [heads·d, n], got "
+                         f"{getattr(G, 'shape', type(G).__name__)}")
+    heads = positive_int(heads, "heads", "per_head_newton_schulz")
+    if G.shape[0] % heads:
+        raise ValueError(f"per_head_newton_schulz: {G.shape[0]} rows do not split into "
+                         f"{heads} heads")
+    blocks = G.reshape(heads, G.shape[0] // heads, G.shape[1])
+    return newton_schulz(blocks, **kwargs).reshape(G.shape)
+
+
 def _coefficients(coefficients, where: str):
     try:
         a, b, c = (float(x) for x in coefficients)
@@ -153,6 +180,12 @@ class Muon(torch.optim.Optimizer):
     * ``W ← (1 − lr·λ) W − lr · muon_lr_scale(W.shape, adjust_lr) · O`` (decoupled weight
       decay ``λ``, not scaled by the shape factor).
 
+    **Per-Head Muon**: a parameter group with ``"heads": H`` (an int; :func:`muon_param_groups`
+    builds them) orthogonalises with :func:`per_head_newton_schulz` instead, and scales by
+    ``muon_lr_scale`` of one head's block ``[A/H, B]``: each block's update then has the RMS
+    that a whole matrix's has under the plain form (0.2 with ``"match_rms_adamw"``); the scale
+    K3 itself uses for the blocks is not among what its readers quote.
+
     Keller Jordan's original writes the momentum as a sum, ``M ← μM + g`` and ``u = g + μM``:
     that is ``1/(1 − μ)`` times the moving average, and since Newton–Schulz first divides by
     the Frobenius norm, both give the same update (up to ``eps``).
@@ -177,9 +210,12 @@ class Muon(torch.optim.Optimizer):
         defaults = dict(lr=float(lr), momentum=float(momentum), nesterov=bool(nesterov),
                         weight_decay=float(weight_decay), ns_steps=ns_steps, adjust_lr=adjust_lr,
                         ns_coefficients=tuple(ns_coefficients), eps=float(eps),
-                        ns_dtype=ns_dtype)
+                        ns_dtype=ns_dtype, heads=None)
         super().__init__(params, defaults)
         for group in self.param_groups:
+            heads = group["heads"]
+            if heads is not None:
+                positive_int(heads, "a group's heads", "Muon")
             for p in group["params"]:
                 if p.dim() != 2:
                     raise ValueError(
@@ -188,6 +224,9 @@ class Muon(torch.optim.Optimizer):
                         "with AdamW (tinyk3.optim.split_params_for_muon)")
                 if p.is_complex():
                     raise TypeError("Muon: complex parameters are not supported")
+                if heads is not None and p.shape[0] % heads:
+                    raise ValueError(f"Muon: a parameter of shape {tuple(p.shape)} is in a group "
+                                     f"with heads={heads}, which does not divide its rows")
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -213,10 +252,17 @@ class Muon(torch.optim.Optimizer):
                 ns_dtype = group["ns_dtype"]
                 if ns_dtype is None and u.dtype not in (torch.float32, torch.float64):
                     ns_dtype = torch.float32
-                O = newton_schulz(u, group["ns_steps"], group["ns_coefficients"], group["eps"],
-                                  dtype=ns_dtype)
+                heads = group["heads"]
+                ns = dict(steps=group["ns_steps"], coefficients=group["ns_coefficients"],
+                          eps=group["eps"], dtype=ns_dtype)
+                if heads is None:
+                    O = newton_schulz(u, **ns)
+                    shape = p.shape
+                else:
+                    O = per_head_newton_schulz(u, heads, **ns)
+                    shape = (p.shape[0] // heads, p.shape[1])  # one head's block
                 p.mul_(1 - lr * wd)
-                p.add_(O, alpha=-lr * muon_lr_scale(p.shape, group["adjust_lr"]))
+                p.add_(O, alpha=-lr * muon_lr_scale(shape, group["adjust_lr"]))
         return loss
 
 
@@ -238,6 +284,68 @@ def split_params_for_muon(model: nn.Module):
             continue
         (muon if p.dim() == 2 and id(p) not in excluded else other).append(p)
     return muon, other
+
+
+def per_head_projections(model: nn.Module) -> dict[str, int]:
+    """``{parameter name: heads}`` for the Q, K and V projections of every attention layer in
+    ``model``, the parameters Per-Head Muon orthogonalises head by head (Kimi K3 report §2.5):
+
+    * :class:`~tinyk3.layers.MultiHeadLatentAttention`: ``q_proj`` or ``q_b_proj`` (each head's
+      ``dn + dr`` query rows) and ``kv_b_proj`` (each head's ``dn`` key and ``dv`` value rows
+      together, as they are stored); the latent down-projections ``q_a_proj`` and
+      ``kv_a_proj_with_mqa`` have no head axis and stay whole;
+    * :class:`~tinyk3.layers.KimiDeltaAttention`: ``q_proj``, ``k_proj`` (key heads), ``v_proj``
+      (value heads);
+    * the course's :class:`~tinyk3.layers.Mixer` layers (softmax, linear attention, DeltaNet):
+      ``q_proj``, ``k_proj``, ``v_proj``;
+    * :class:`~tinyk3.layers.GatedAttention`: ``q_proj`` (each head's query and gate rows),
+      ``k_proj``, ``v_proj`` (key/value heads).
+
+    ``o_proj`` is never listed: its head axis is on the input side. Layers with one fused
+    projection for everything (Qwen3-Next's Gated DeltaNet) are not listed either."""
+    from .layers import GatedAttention, KimiDeltaAttention, Mixer, MultiHeadLatentAttention
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"per_head_projections: expected an nn.Module, got {type(model).__name__}")
+    out: dict[str, int] = {}
+    for name, m in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(m, MultiHeadLatentAttention):
+            q = "q_b_proj" if m.q_lora_rank else "q_proj"
+            parts = {q: m.n_head, "kv_b_proj": m.n_head}
+        elif isinstance(m, KimiDeltaAttention):
+            parts = {"q_proj": m.n_head, "k_proj": m.n_head, "v_proj": m.n_v_head}
+        elif isinstance(m, GatedAttention):
+            parts = {"q_proj": m.n_head, "k_proj": m.n_kv_head, "v_proj": m.n_kv_head}
+        elif isinstance(m, Mixer):
+            parts = {"q_proj": m.n_head, "k_proj": m.n_head, "v_proj": m.n_head}
+        else:
+            continue
+        for part, heads in parts.items():
+            out[f"{prefix}{part}.weight"] = heads
+    return out
+
+
+def muon_param_groups(model: nn.Module, *, per_head: bool = True):
+    """``(muon_groups, other_params)``: :func:`split_params_for_muon`'s two sets, the Muon set
+    as parameter groups for :class:`Muon`. With ``per_head`` (Kimi K3's Per-Head Muon) the Q, K
+    and V projections of :func:`per_head_projections` go into groups with ``"heads"`` set, one
+    group per head count; every other matrix into one group without. Without ``per_head``,
+    one group of all (plain Muon, as Kimi K2 trained).
+
+    >>> groups, rest = muon_param_groups(model)              # doctest: +SKIP
+    >>> opts = [Muon(groups, lr=0.02), torch.optim.AdamW(rest, lr=0.02)]
+    """
+    muon, other = split_params_for_muon(model)
+    if not per_head:
+        return [{"params": muon}], other
+    names = per_head_projections(model)
+    heads_of = {id(p): names.get(n) for n, p in model.named_parameters()}
+    by_heads: dict[int | None, list] = {}
+    for p in muon:
+        by_heads.setdefault(heads_of.get(id(p)), []).append(p)
+    groups = [{"params": ps, "heads": h} for h, ps in by_heads.items()]
+    return groups, other
 
 
 # -- QK-Clip ------------------------------------------------------------------------------------

@@ -12,6 +12,10 @@ SwiGLU ``W_down (SiLU(W_gate x) ⊙ W_up x)``; Qwen3-Next scales its shared expe
 ``σ(w_g · x)``. Kimi K3 runs its routed experts in a narrower latent with SiTU-GLU
 (:func:`situ`; ``MoE(latent_dim=..., activation="situ")``).
 
+Balancing the load while training (:class:`Balancer`): DeepSeek-V3's sign rule
+(:func:`update_bias`), Kimi K3's Quantile Balancing (:func:`quantile_bias`) or an auxiliary
+loss (:func:`balance_loss`).
+
 Names and layouts are ``transformers``' (``DeepseekV3MoE``, ``Qwen3NextSparseMoeBlock``): the
 routed experts' weights are stacked, ``gate_up_proj [E, 2h, d]`` and ``down_proj [E, d, h]``.
 """
@@ -30,8 +34,8 @@ from .registry import MLPSpec, register_mlp
 from .rope import RMSNorm
 
 __all__ = ["SwiGLU", "SwiGLUConfig", "Router", "Experts", "MoE", "MoEConfig", "route",
-           "experts_loop", "experts_batched", "expert_load", "update_bias", "SCORINGS", "situ",
-           "glu", "ACTIVATIONS"]
+           "experts_loop", "experts_batched", "expert_load", "update_bias", "quantile_bias",
+           "balance_loss", "Balancer", "BALANCE_RULES", "SCORINGS", "situ", "glu", "ACTIVATIONS"]
 
 SCORINGS = ("sigmoid", "softmax")
 ACTIVATIONS = ("silu", "situ")
@@ -303,6 +307,185 @@ def update_bias(bias: torch.Tensor, load: torch.Tensor, speed: float) -> torch.T
         raise ValueError(f"update_bias: bias {tuple(bias.shape)} and load {tuple(load.shape)} differ")
     load = load.to(bias.dtype)
     return bias + speed * torch.sign(load.mean() - load)
+
+
+def _required_biases(scores: torch.Tensor, bias: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``r [T, E]``: for each token its cutoff, the ``(top_k + 1)``-th largest biased score,
+    minus each expert's unbiased score: the bias at which that expert's biased score would
+    equal the token's cutoff."""
+    cutoff = (scores + bias).topk(top_k + 1, dim=-1).values[:, -1:]  # [T, 1]
+    return cutoff - scores
+
+
+def quantile_bias(scores: torch.Tensor, bias: torch.Tensor, top_k: int, *,
+                  num_bins: int | None = None) -> torch.Tensor:
+    """Kimi K3's Quantile Balancing (Kimi K3 report §2.3.3, as torchtitan's
+    ``models/kimi_k3/quantile_balance.py`` quotes and implements it): the next router bias.
+
+    ``scores [T, E]`` are the router's sigmoid scores before the bias, ``bias [E]`` the current
+    bias. Each token's cutoff ``c_t`` is its ``(top_k + 1)``-th largest biased score; expert
+    ``e``'s *required bias* for token ``t`` is ``r_{t,e} = c_t − scores[t, e]``. The result is,
+    per expert, the ``top_k / E`` quantile of its ``T`` required biases, minus the mean over
+    experts (only differences of biases change a selection).
+
+    ``num_bins=None``: the exact quantile, linearly interpolated (``torch.quantile``). An int:
+    the report's histogram estimate, as a training run computes it from counts it can pool
+    across devices: ``num_bins`` bins of width ``w = (max(bias) − min(bias) + 2) / num_bins``
+    from ``lo = min(bias) − 1`` (sigmoid scores lie in (0, 1), so every required bias lies in
+    that range); ``r`` falls in bin ``floor((r − lo) / w)``, clamped; with the target count
+    ``T·top_k / E``, the estimate is ``lo + w·(j + (target − count before j) / count in j)``
+    for the first bin ``j`` whose cumulative count reaches the target.
+
+    Why the ``top_k / E`` quantile: an expert is chosen for token ``t`` when its biased score
+    clears the cutoff, ``scores[t, e] + b_e > c_t``, that is when ``b_e > r_{t,e}``. With every
+    other bias held where it is, the bias ``b_e`` at which exactly a fraction ``top_k / E`` of
+    the tokens choose ``e`` (the balanced load) is the ``top_k / E`` quantile of
+    ``r_{·,e}``. Returned in ``scores``' dtype.
+    """
+    name = "quantile_bias"
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or not scores.is_floating_point():
+        raise ValueError(f"{name}: scores must be a float tensor [T, E], got "
+                         f"{getattr(scores, 'shape', type(scores).__name__)}")
+    T, E = scores.shape
+    if T < 1:
+        raise ValueError(f"{name}: scores holds no tokens (T = 0)")
+    if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (E,) or not bias.is_floating_point():
+        raise ValueError(f"{name}: bias must be a float tensor [E={E}], got "
+                         f"{tuple(getattr(bias, 'shape', ())) or type(bias).__name__}")
+    if bias.device != scores.device:
+        raise ValueError(f"{name}: scores on {scores.device} and bias on {bias.device}")
+    top_k = positive_int(top_k, "top_k", name)
+    if top_k >= E:
+        raise ValueError(f"{name}: top_k must be in 1 … E−1 = {E - 1} (a token's cutoff is its "
+                         f"(top_k+1)-th score), got {top_k}")
+    if num_bins is not None:
+        num_bins = positive_int(num_bins, "num_bins", name)
+    bias = bias.to(scores.dtype)
+    required = _required_biases(scores, bias, top_k)  # [T, E]
+    if num_bins is None:
+        estimate = torch.quantile(required, top_k / E, dim=0)  # [E]
+    else:
+        lo = bias.min() - 1.0
+        width = (bias.max() - bias.min() + 2.0) / num_bins
+        j = torch.floor((required - lo) / width).long().clamp_(0, num_bins - 1)  # [T, E]
+        hist = torch.zeros(E, num_bins, dtype=torch.long, device=scores.device)
+        hist.scatter_add_(1, j.T, torch.ones_like(j.T))
+        cum = hist.cumsum(dim=1)
+        target = T * top_k / E
+        first = (cum < target).sum(dim=1, keepdim=True)  # the first bin reaching the target
+        in_bin = hist.gather(1, first).squeeze(1)
+        before = cum.gather(1, first).squeeze(1) - in_bin
+        position = first.squeeze(1).to(scores.dtype) + (target - before.to(scores.dtype)) / in_bin
+        estimate = lo + width * position
+    return estimate - estimate.mean()
+
+
+def balance_loss(scores: torch.Tensor, indices: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The auxiliary balance loss (DeepSeek-V3's complementary balance loss, eqs. 17-20 of its
+    report, here over a batch of tokens rather than one sequence), without its factor α:
+    ``Σ_i f_i P_i`` with ``f_i = E / (k T) · #(tokens sent to i)`` (1 for every expert at
+    the balanced load) and ``P_i`` the mean over tokens of ``s_{t,i} / Σ_j s_{t,j}``, the
+    normalised scores. Only ``P`` carries a gradient: it pushes scores down where the load is
+    high. ``scores [T, E]``, ``indices [T, k]``; 1 at perfect balance with equal scores."""
+    if scores.dim() != 2 or indices.dim() != 2 or indices.shape[0] != scores.shape[0]:
+        raise ValueError(f"balance_loss: scores [T, E] and indices [T, k] expected, got "
+                         f"{tuple(scores.shape)} and {tuple(indices.shape)}")
+    T, E = scores.shape
+    f = expert_load(indices, E).to(scores.dtype) * (E / (top_k * T))
+    p = (scores / scores.sum(-1, keepdim=True)).mean(0)
+    return (f * p).sum()
+
+
+BALANCE_RULES = ("sign", "quantile", "aux")
+
+
+class Balancer:
+    """Load balancing of every :class:`MoE` in a model while it trains, by one of three rules:
+
+    * ``"sign"``: DeepSeek-V3's auxiliary-loss-free update, ``b ← b + u·sign(mean load − load)``
+      (:func:`update_bias`, ``speed`` = u) from the loads of the forward passes since the
+      last :meth:`step`;
+    * ``"quantile"``: Kimi K3's Quantile Balancing, ``b ← quantile_bias(scores, b, k)`` from
+      the router scores of those passes (``num_bins`` as :func:`quantile_bias`: None exact,
+      1,000 in the report);
+    * ``"aux"``: no bias at all; :meth:`loss` is ``alpha`` times the sum over layers of
+      :func:`balance_loss` of the last forward pass, to be added to the training loss.
+
+    Forward hooks on the routers record in ``train()`` mode only. Call :meth:`step` after
+    each optimiser step; it returns each layer's load (tokens per expert) since the last call.
+
+    >>> bal = Balancer(model, "quantile")                     # doctest: +SKIP
+    >>> loss = task_loss + bal.loss(); loss.backward(); opt.step(); loads = bal.step()
+    """
+
+    def __init__(self, model: nn.Module, rule: str, *, speed: float = 1e-3,
+                 num_bins: int | None = None, alpha: float = 1e-2):
+        if rule not in BALANCE_RULES:
+            raise ValueError(f"Balancer: rule must be one of {BALANCE_RULES}, got {rule!r}")
+        if not speed > 0 or not alpha >= 0:
+            raise ValueError(f"Balancer: speed must be > 0 and alpha >= 0, got {speed!r}, {alpha!r}")
+        if num_bins is not None:
+            num_bins = positive_int(num_bins, "num_bins", "Balancer")
+        self.rule, self.speed, self.num_bins, self.alpha = rule, float(speed), num_bins, float(alpha)
+        self.routers = {name: m.router for name, m in model.named_modules() if isinstance(m, MoE)}
+        if not self.routers:
+            raise ValueError("Balancer: the model has no MoE layer")
+        for name, r in self.routers.items():
+            if rule == "quantile" and (r.scoring != "sigmoid" or r.n_group > 1):
+                raise ValueError(f"Balancer: Quantile Balancing needs sigmoid scores and one "
+                                 f"group (layer {name!r}: {r.scoring}, n_group={r.n_group})")
+        self._scores: dict[str, list] = {n: [] for n in self.routers}
+        self._indices: dict[str, list] = {n: [] for n in self.routers}
+        self._handles = [r.register_forward_hook(self._hook(n)) for n, r in self.routers.items()]
+
+    def _hook(self, name):
+        def hook(router, args, out):
+            if not router.training:
+                return
+            _, indices, scores = out
+            if self.rule == "aux":  # the last pass only, with its graph
+                self._scores[name], self._indices[name] = [scores], [indices]
+            else:
+                self._scores[name].append(scores.detach())
+                self._indices[name].append(indices.detach())
+        return hook
+
+    def loss(self) -> torch.Tensor:
+        """``alpha · Σ_layers balance_loss`` of the last training forward pass (rule ``"aux"``);
+        zero for the other rules."""
+        if self.rule != "aux":
+            return torch.zeros(())
+        parts = [balance_loss(s[-1], i[-1], self.routers[n].top_k)
+                 for n, (s, i) in ((n, (self._scores[n], self._indices[n])) for n in self.routers)
+                 if s]
+        return self.alpha * sum(parts) if parts else torch.zeros(())
+
+    @torch.no_grad()
+    def step(self) -> dict[str, torch.Tensor]:
+        """Update every router's bias by the rule from what was recorded since the last call,
+        forget the record, and return each layer's load ``[E]`` over that period."""
+        loads = {}
+        for name, router in self.routers.items():
+            if not self._indices[name]:
+                continue
+            E = router.n_experts
+            load = expert_load(torch.cat(self._indices[name]), E)
+            loads[name] = load
+            bias = router.e_score_correction_bias
+            if self.rule == "sign":
+                bias.copy_(update_bias(bias, load, self.speed))
+            elif self.rule == "quantile":
+                new = quantile_bias(torch.cat(self._scores[name]), bias, router.top_k,
+                                    num_bins=self.num_bins)
+                bias.copy_(new.to(bias.dtype))
+            self._scores[name], self._indices[name] = [], []
+        return loads
+
+    def remove(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
 
 @register_mlp
