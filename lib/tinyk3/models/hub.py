@@ -13,9 +13,9 @@ One path serves both loaders: :func:`lm_config_from_hf` reads the configuration,
 (``experts.N.w1.weight_packed`` and ``.weight_scale``, :mod:`tinyk3.mxfp4`): they are
 dequantised here, into the dtype of the checkpoint's other float tensors. DeepSeek-V3's
 multi-token-prediction layer (layer index ``num_hidden_layers`` in its checkpoint) is not
-built, as in ``transformers``, and its tensors are dropped. YaRN-scaled RoPE (the released DeepSeek-V3 and Kimi K2 configs) is not
-built: loading such a config raises ``NotImplementedError`` (the presets, which only count and
-size, do not need it).
+built, as in ``transformers``, and its tensors are dropped. YaRN-scaled RoPE (the released
+DeepSeek-V3 and Kimi K2 configs) is not built: loading such a config raises
+``NotImplementedError`` (the presets, which only count and size, do not need it).
 """
 
 from __future__ import annotations
