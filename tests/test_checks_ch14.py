@@ -122,6 +122,53 @@ def ub_ok_lib(bias, indices, speed):
     return moe.update_bias(bias, moe.expert_load(indices, bias.shape[0]), speed)
 
 
+# -- moe.quantile_bias ------------------------------------------------------------------------------
+
+
+def _learner_quantile(scores, bias, top_k, *, bug=None):
+    """A learner's Quantile Balancing, with topk and a sort; `bug` names the one thing wrong."""
+    T, E = scores.shape
+    biased = scores if bug == "unbiased" else scores + bias
+    k = top_k if bug == "kth" else top_k + 1
+    cutoff = torch.topk(biased, k, dim=-1).values[:, -1]  # [T]
+    required = (scores - cutoff[:, None]) if bug == "sign" else (cutoff[:, None] - scores)
+    level = 1 - top_k / E if bug == "upper" else top_k / E
+    new = torch.stack([torch.quantile(required[:, e], level) for e in range(E)])
+    if bug != "no_centre":
+        new = new - new.mean()
+    if bug == "increment":
+        new = bias + new
+    return new
+
+
+def _bugged_quantile(bug):
+    def fn(scores, bias, top_k):
+        return _learner_quantile(scores, bias, top_k, bug=bug)
+
+    fn.__name__ = f"qb_{bug}"
+    return fn
+
+
+def qb_ok_sorted(scores, bias, top_k):
+    """Token by token and expert by expert, with the interpolation written out."""
+    T, E = scores.shape
+    req = [[sorted((scores[t] + bias).tolist(), reverse=True)[top_k] - float(scores[t, e])
+            for t in range(T)] for e in range(E)]
+    out = []
+    for r in req:
+        r = sorted(r)
+        pos = (T - 1) * top_k / E
+        lo = int(pos)
+        hi = min(lo + 1, T - 1)
+        out.append(r[lo] + (pos - lo) * (r[hi] - r[lo]))
+    mean = sum(out) / E
+    return torch.tensor([o - mean for o in out], dtype=scores.dtype)
+
+
+def qb_ok_lib(scores, bias, top_k):
+    return moe.quantile_bias(scores, bias, top_k)
+
+
 # -- moe.layer_parameters -------------------------------------------------------------------------
 
 
@@ -176,6 +223,12 @@ REALISTIC = [
     ("moe.update_bias", _bugged_update("first_only"), "first_choice_only"),
     ("moe.update_bias", _bugged_update("mean_N"), "mean_without_k"),
     ("moe.update_bias", _bugged_update("proportional"), "proportional"),
+    ("moe.quantile_bias", _bugged_quantile("kth"), "kth_cutoff"),
+    ("moe.quantile_bias", _bugged_quantile("unbiased"), "unbiased_cutoff"),
+    ("moe.quantile_bias", _bugged_quantile("sign"), "flipped"),
+    ("moe.quantile_bias", _bugged_quantile("upper"), "upper_quantile"),
+    ("moe.quantile_bias", _bugged_quantile("no_centre"), "not_centred"),
+    ("moe.quantile_bias", _bugged_quantile("increment"), "added"),
     ("moe.layer_parameters", lp_two_matrices, "two_matrices"),
     ("moe.layer_parameters", lp_no_router, "no_router"),
     ("moe.layer_parameters", lp_with_bias, "bias_counted"),
@@ -189,11 +242,14 @@ CORRECT = [
     ("moe.update_bias", _bugged_update(None)),
     ("moe.update_bias", ub_ok_loop),
     ("moe.update_bias", ub_ok_lib),
+    ("moe.quantile_bias", _bugged_quantile(None)),
+    ("moe.quantile_bias", qb_ok_sorted),
+    ("moe.quantile_bias", qb_ok_lib),
     ("moe.layer_parameters", lp_ok_lib),
     ("moe.layer_parameters", lp_ok_built),
 ]
 
-IDS = ["moe.layer_parameters", "moe.route", "moe.update_bias"]
+IDS = ["moe.layer_parameters", "moe.quantile_bias", "moe.route", "moe.update_bias"]
 
 
 @pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
@@ -302,3 +358,10 @@ def test_the_update_reference_is_the_library_rule():
 def test_the_parameter_reference_counts_the_built_layer():
     for c in checks.EXERCISES["moe.layer_parameters"].cases():
         assert checks.EXERCISES["moe.layer_parameters"].reference(*c.args) == lp_ok_built(*c.args)
+
+
+def test_the_quantile_reference_is_the_library():
+    for c in checks.EXERCISES["moe.quantile_bias"].cases():
+        ref = checks.EXERCISES["moe.quantile_bias"].reference(*c.args)
+        assert ref.dtype == c.args[0].dtype
+        assert torch.allclose(ref.double(), moe.quantile_bias(*c.args).double(), atol=1e-6, rtol=0)

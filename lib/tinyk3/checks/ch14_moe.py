@@ -1,6 +1,6 @@
 """Chapter 14 exercises: the router of a mixture of experts (a bias that only selects, weights
-from the unbiased scores, group-limited routing), the auxiliary-loss-free bias update, and the
-parameters of one MoE layer, total and active."""
+from the unbiased scores, group-limited routing), the auxiliary-loss-free bias update, Kimi
+K3's Quantile Balancing, and the parameters of one MoE layer, total and active."""
 
 from __future__ import annotations
 
@@ -239,6 +239,99 @@ register(Exercise(
     ],
     hint="load = torch.bincount(indices.flatten(), minlength=E) (as float); return bias + "
          "speed * torch.sign(load.mean() − load), in bias's dtype.",
+))
+
+
+# -- moe.quantile_bias ------------------------------------------------------------------------------
+
+
+def quantile_bias(scores, bias, top_k):
+    """Reference: Kimi K3's Quantile Balancing, the exact form. ``scores [T, E]`` are sigmoid
+    scores before the bias, ``bias [E]`` the current bias. Each token's cutoff is its
+    ``(top_k + 1)``-th largest BIASED score; expert e's required bias for token t is
+    ``cutoff_t − scores[t, e]``; the new bias of expert e is the ``top_k / E`` quantile of its
+    required biases (``torch.quantile``, linear interpolation), minus the mean over experts."""
+    s, b = scores.double(), bias.double()
+    E = s.shape[1]
+    cutoff = (s + b).sort(dim=-1, descending=True).values[:, top_k:top_k + 1]
+    q = torch.quantile(cutoff - s, top_k / E, dim=0)
+    return (q - q.mean()).to(scores.dtype)
+
+
+def _quantile_cases(gen: torch.Generator) -> list[Case]:
+    def case(T, E, k, skew, label, *, dtype=torch.float32):
+        logits = torch.randn(T, E, generator=gen, dtype=torch.float64)
+        logits[:, : max(1, E // 8)] += skew
+        bias = 0.2 * torch.randn(E, generator=gen, dtype=torch.float64)
+        return Case((torch.sigmoid(logits).to(dtype), bias.to(dtype), k),
+                    label=f"T={T}, E={E}, top_k={k}: {label}")
+
+    return [
+        case(64, 8, 2, 1.0, "a skewed router"),
+        case(200, 16, 4, 2.0, "a strongly skewed router"),
+        case(50, 6, 5, 0.5, "top_k = E − 1: the cutoff is each token's smallest biased score"),
+        case(1, 8, 3, 1.0, "a single token"),
+        case(300, 32, 1, 1.5, "one expert per token"),
+        case(128, 12, 3, 1.0, "float64: keep the dtype", dtype=torch.float64),
+    ]
+
+
+def _mistake_quantile(kind):
+    def fn(scores, bias, top_k):
+        s, b = scores.double(), bias.double()
+        E = s.shape[1]
+        ranked = ((s if kind == "unbiased_cutoff" else s + b)
+                  .sort(dim=-1, descending=True).values)
+        rank = top_k - 1 if kind == "kth_cutoff" else top_k
+        required = ranked[:, rank:rank + 1] - s
+        if kind == "flipped":
+            required = -required
+        level = 1 - top_k / E if kind == "upper_quantile" else top_k / E
+        q = torch.quantile(required, level, dim=0)
+        if kind != "not_centred":
+            q = q - q.mean()
+        if kind == "added":
+            q = b + q
+        return q.to(scores.dtype)
+
+    return fn
+
+
+register(Exercise(
+    id="moe.quantile_bias",
+    title="Quantile Balancing",
+    signature="quantile_bias(scores [T, E], bias [E], top_k) -> new bias [E]",
+    reference=quantile_bias,
+    make_cases=_quantile_cases,
+    chapter=14,
+    atol=1e-6,
+    rtol=1e-5,
+    mistakes=[
+        Mistake("kth_cutoff", _mistake_quantile("kth_cutoff"),
+                "your cutoff is each token's k-th largest biased score: that is the LAST expert "
+                "it chose. The cutoff is the (k+1)-th, the best expert it did not choose: "
+                "sort(descending).values[:, top_k]."),
+        Mistake("unbiased_cutoff", _mistake_quantile("unbiased_cutoff"),
+                "you ranked the unbiased scores for the cutoff: a token chooses by scores + bias, "
+                "so its cutoff is a biased score (the required bias is then cutoff − the "
+                "unbiased score)."),
+        Mistake("flipped", _mistake_quantile("flipped"),
+                "your required bias has the wrong sign: the bias expert e needs for token t "
+                "solves scores[t, e] + b = cutoff_t, so it is cutoff_t − scores[t, e]."),
+        Mistake("upper_quantile", _mistake_quantile("upper_quantile"),
+                "you took the 1 − k/E quantile: an expert is chosen by the tokens whose required "
+                "bias is BELOW its bias, and it should be chosen by a fraction k/E of them, so "
+                "the new bias is the k/E quantile."),
+        Mistake("not_centred", _mistake_quantile("not_centred"),
+                "the result is not mean-centred: subtract the mean over experts (only "
+                "differences between biases change a selection)."),
+        Mistake("added", _mistake_quantile("added"),
+                "you added the quantile to the old bias: the quantile IS the new bias (the "
+                "required biases already contain the old one through the cutoff)."),
+    ],
+    hint="cutoff = (scores + bias).sort(dim=-1, descending=True).values[:, top_k:top_k+1]; "
+         "required = cutoff − scores; q = torch.quantile(required, top_k / E, dim=0); return "
+         "(q − q.mean()) in scores' dtype.",
 ))
 
 
