@@ -377,8 +377,9 @@ class KDAConfig(HeadsSpec):
     ``KDAConfig(n_head=32, head_dim=128)`` at ``d_model = 2304``; Kimi K3 (its released config,
     as mlx-lm's port reads it: 96 heads of 128, the lower-bound gate, a full-rank output gate):
     ``KDAConfig(n_head=96, head_dim=128, gate="lower_bound", output_gate="full")`` at 7168. The
-    rank of K3's low-rank forget-gate projection is taken to be Kimi Linear's (``head_dim``):
-    no K3 tensor shapes were at hand to check it."""
+    rank of K3's low-rank forget-gate projection is ``head_dim``, as in Kimi Linear: read from
+    the released tensors' shapes (mlx-lm's ``KimiK3DeltaAttention`` builds ``f_a_proj`` as
+    ``hidden → head_dim``, and the released ``f_a_proj.weight`` loads into it)."""
 
     n_head: int
     head_dim: int

@@ -150,8 +150,8 @@ class MixerStack:
 
 KIMI_K3_MLA_LAYERS = tuple(range(4, 93, 4)) + (93,)  # 1-based: every fourth layer, and the last
 
-# Kimi K3's text_config, as published (2026-07-27) and read by mirrored model cards and
-# third-party ports; see kimi_k3() for which values are known from where.
+# Kimi K3's text_config, as published (2026-07-27) and read by the model card's mirrors and
+# third-party ports; see kimi_k3() for the sources.
 KIMI_K3_TEXT_CONFIG = dict(
     vocab_size=163840, hidden_size=7168, num_hidden_layers=93, num_attention_heads=96,
     num_key_value_heads=96, intermediate_size=33792, rms_norm_eps=1e-5,
@@ -170,22 +170,27 @@ KIMI_K3_TEXT_CONFIG = dict(
 
 
 def kimi_k3() -> LMConfig:
-    """Kimi K3 (2.8T total, 104B active, as announced): 93 layers at width 7,168, KDA in 69
+    """Kimi K3 (2.8T total, 104B active, as published): 93 layers at width 7,168, KDA in 69
     (96 heads of 128, the lower-bound gate, a full-rank output gate) and gated NoPE MLA in 24
-    (1-based 4, 8, …, 92 and 93; 96 heads, ``q_lora_rank`` 1,536, ``kv_lora_rank`` 512); a dense
-    first layer (SiTU-GLU, 33,792), then a latent mixture of 896 experts (16 per token, hidden
-    3,072, run in a 3,584-wide latent with an RMSNorm after the weighted sum) and two shared
-    experts at full width; SiTU-GLU everywhere; block attention residuals every 12 layers;
-    vocabulary 163,840; context 1,048,576.
+    (1-based 4, 8, …, 92 and 93; 96 heads, ``q_lora_rank`` 1,536, ``kv_lora_rank`` 512, head
+    dims 128 + 64 for keys, of which the 64 are kept but never rotated, and 128 for values); a
+    dense first layer (SiTU-GLU, 33,792), then a latent mixture of 896 experts (16 per token,
+    hidden 3,072, run in a 3,584-wide latent with an RMSNorm after the weighted sum, weights ×
+    1.0) and two shared experts at full width; SiTU-GLU everywhere; block attention residuals
+    every 12 layers; RMSNorm eps 1e-5; vocabulary 163,840; context 1,048,576.
 
-    Sources: the released ``config.json`` (its ``text_config``) as mirrored model cards and
-    third-party readings give it (no technical report was available to us), and mlx-lm 0.32.2's
-    ``models/kimi_k3.py``, whose defaults give the dense width (33,792) and the norm eps.
-    Assumed, not read: the MLA head dimensions (Kimi Linear's 128 + 64 and 128) and
-    ``routed_scaling_factor`` (1.0; it changes no count). With these values
-    :func:`~tinyk3.models.count_parameters` gives 2.7795T total and 105.4B active, the counts third
-    parties derived from the released config. :func:`tinyk3.models.from_checkpoint` reads the
-    same dict (``{"model_type": "kimi_k3", "text_config": KIMI_K3_TEXT_CONFIG}``).
+    Sources: Kimi Team, *Kimi K3: Open Frontier Intelligence*, arXiv 2607.24653 (2026-07-27)
+    and the model card of ``moonshotai/Kimi-K3``; every value is read from the released
+    ``config.json`` (its ``text_config``) as third-party readings and ports give it, mlx-lm
+    0.32.2's ``models/kimi_k3.py`` above all (whose defaults give the dense width 33,792 and the
+    norm eps, and whose layer shapes fix the forget gate's rank at ``head_dim``). Nothing here is
+    assumed. The release stores the routed experts in MXFP4 (:mod:`tinyk3.mxfp4`), which changes
+    no count; its multi-token-prediction layer was used in training and is not in the release
+    (``num_nextn_predict_layers`` 0), nor here. :func:`~tinyk3.models.count_parameters` gives
+    2,779,484,393,568 total (2.7795T, "2.8T" rounded) and 105.36B active; without the input embedding
+    (163,840 × 7,168 = 1.17B, a lookup, not a matrix product), 104.19B: the report's "104.2B
+    activated", the convention of DeepSeek-V3's 36.6B. :func:`tinyk3.models.from_checkpoint`
+    reads the same dict (``{"model_type": "kimi_k3", "text_config": KIMI_K3_TEXT_CONFIG}``).
     """
     from .hub import lm_config_from_hf  # the checkpoint path builds the preset too
 
