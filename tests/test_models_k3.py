@@ -147,3 +147,26 @@ def test_one_block_per_layer_is_a_softmax_over_every_layer_output():
     ref = (torch.softmax(logits, 0)[..., None] * torch.stack(srcs)).sum(0)
     assert _dist(mix(srcs[:3], srcs[3]), ref) < 1e-6
     assert torch.equal(mix([], srcs[0]), srcs[0])  # nothing completed yet: the partial sum
+
+
+def test_try_published_offline_and_with_a_local_packed_checkpoint(capsys, monkeypatch):
+    """Chapter 17's optional cell: skipped offline; on a tiny K3 in the released format (MXFP4
+    experts, padded A_log) built here, it loads, counts and decodes."""
+    from tinyk3.models import try_published
+    from tinyk3.mxfp4 import quantize_mxfp4
+    monkeypatch.delenv("TINYK3_ALLOW_DOWNLOAD", raising=False)
+    assert try_published("some/repo") is None
+    assert "Skipped" in capsys.readouterr().out
+    text = k3_tiny.text_config(L=32, HE=32)
+    sd = k3_tiny.checkpoint(text, pack=quantize_mxfp4, a_log_pad=2)
+    result = try_published("local/k3", 9, allow_download=True,
+                           loader=lambda repo: (k3_tiny.config(text, mxfp4=True), sd))
+    out = capsys.readouterr().out
+    assert result is not None and result["count_ok"] and result["decode_distance"] < 1e-3
+    assert result["packed"] == 3 * 3 * text["num_experts"]  # 3 MoE layers, w1/w2/w3 per expert
+    assert "tensors read as MXFP4" in out and "greedy continuation" in out
+
+    def broken(repo):
+        raise OSError("no network")
+    assert try_published("x/y", allow_download=True, loader=broken) is None
+    assert "OSError: no network" in capsys.readouterr().out

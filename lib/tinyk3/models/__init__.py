@@ -34,7 +34,7 @@ from __future__ import annotations
 from . import presets
 from .config import LMConfig, MixerConfig, mixer_config_flat
 from .count import ParameterCount, count_parameters
-from .demo import try_checkpoint
+from .demo import try_checkpoint, try_published
 from .gpt2 import from_gpt
 from .hf import from_checkpoint, from_hf
 from .lm import LM, Block, LMCache
@@ -44,4 +44,4 @@ MixerCache = LMCache
 
 __all__ = ["LM", "LMConfig", "LMCache", "Block", "count_parameters", "ParameterCount",
            "from_hf", "from_checkpoint", "from_gpt", "presets", "MixerConfig", "MixerLM",
-           "MixerCache", "mixer_config_flat", "try_checkpoint"]
+           "MixerCache", "mixer_config_flat", "try_checkpoint", "try_published"]

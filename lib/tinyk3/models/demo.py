@@ -1,5 +1,10 @@
-"""The optional "real checkpoint" cell of chapters 12-14: download a small published model,
-load it into ``tinyk3`` with :func:`~tinyk3.models.from_hf`, compare the logits and generate.
+"""The optional "real checkpoint" cells: download a small published model, load it into
+``tinyk3`` and check it. Chapters 12-14 (:func:`try_checkpoint`): a ``transformers`` model, loaded
+with :func:`~tinyk3.models.from_hf`, logits compared and text generated. Chapters 15 and 17
+(:func:`try_published`): the checkpoint's own files (``config.json`` and its safetensors), read
+with :func:`~tinyk3.models.from_checkpoint` as the released Kimi Linear and Kimi K3 are,
+MXFP4 experts included; with no reference implementation in Colab, the checks are the
+parameter count against its formula and cached decoding against the full forward.
 
 It downloads, so it runs only where that is expected: in Colab, or where
 ``TINYK3_ALLOW_DOWNLOAD=1`` is set. Anywhere else (CI, the site build, an offline laptop) it says
@@ -17,7 +22,7 @@ from ..generate import generate
 from ..notebook import in_colab
 from .hf import from_hf
 
-__all__ = ["try_checkpoint", "CHECKPOINTS"]
+__all__ = ["try_checkpoint", "try_published", "CHECKPOINTS"]
 
 # Small checkpoints on the Hugging Face hub that fit a free Colab machine, by architecture.
 # They are transformers' own test models: published in the hub's format (so loading them
@@ -26,6 +31,12 @@ __all__ = ["try_checkpoint", "CHECKPOINTS"]
 CHECKPOINTS = {
     "qwen3_next": "hf-internal-testing/tiny-random-Qwen3NextForCausalLM",
     "deepseek_v3": "hf-internal-testing/tiny-random-DeepseekV3ForCausalLM",
+    # Random tiny models in the released checkpoints' formats (yujiepan's; their model cards
+    # give the sizes): Kimi Linear's hub format, Kimi K3 with bf16 experts (17 layers, width 8,
+    # 64 experts) and Kimi K3 with its experts packed in MXFP4 as released.
+    "kimi_linear": "yujiepan/kimi-linear-tiny-random",
+    "kimi_k3_bf16": "yujiepan/kimi-k3-bf16-tiny-random",
+    "kimi_k3": "yujiepan/kimi-k3-tiny-random",
 }
 
 
@@ -78,3 +89,66 @@ def try_checkpoint(repo_id: str, prompt: str = "The capital of France is",
     print(f"largest logit difference, tinyk3 against transformers: {distance:.2e}")
     print(f"greedy continuation of {prompt!r}: {text!r}")
     return {"distance": distance, "text": text, "model": ours}
+
+
+def _load_files(repo_id: str):
+    """``(config dict, state dict)`` from the hub: ``config.json`` and every safetensors file."""
+    import json
+    from pathlib import Path
+
+    from huggingface_hub import snapshot_download
+    from safetensors.torch import load_file
+
+    path = Path(snapshot_download(repo_id, allow_patterns=["config.json", "*.safetensors"]))
+    config = json.loads((path / "config.json").read_text())
+    state_dict = {}
+    for f in sorted(path.glob("*.safetensors")):
+        state_dict.update(load_file(str(f)))
+    return config, state_dict
+
+
+def try_published(repo_id: str, n_tokens: int = 12, *, allow_download: bool | None = None,
+                  loader=_load_files, seed: int = 0) -> dict | None:
+    """Load ``repo_id``'s own files with :func:`~tinyk3.models.from_checkpoint` (float32), and
+    print what was read (parameters, MXFP4-packed tensors), the parameter count against
+    :func:`~tinyk3.models.count_parameters`, the largest logit difference between decoding
+    ``n_tokens`` random token ids one at a time through the cache and the full forward, and a
+    greedy continuation (token ids: the weights are random, so is the text). Returns
+    ``{"count_ok", "decode_distance", "packed", "model"}``, or ``None`` when skipped or failed.
+
+    ``allow_download`` as :func:`try_checkpoint`; ``loader(repo_id) -> (config, state_dict)`` is
+    replaceable (the tests pass a checkpoint built offline)."""
+    from .count import count_parameters
+    from .hf import from_checkpoint
+
+    if allow_download is None:
+        allow_download = _download_allowed()
+    if not allow_download:
+        print(f"Skipped: this cell downloads {repo_id} from the Hugging Face hub, which runs "
+              "only in Colab or with TINYK3_ALLOW_DOWNLOAD=1 (this run is offline).")
+        return None
+    try:
+        config, state_dict = loader(repo_id)
+        packed = sum(k.endswith("weight_packed") for k in state_dict)
+        model = from_checkpoint(config, state_dict).float().eval()
+        n = sum(p.numel() for p in model.parameters())
+        count_ok = n == count_parameters(model.config).total
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, model.config.vocab_size, (1, n_tokens), generator=g)
+        with torch.no_grad():
+            full = model(ids)
+            cache = model.new_cache()
+            steps = torch.cat([model(ids[:, t:t + 1], cache) for t in range(n_tokens)], dim=1)
+            distance = (steps.double() - full.double()).abs().max().item()
+            out = generate(model, ids, 8, top_k=1)
+    except Exception as e:  # noqa: BLE001 - reported to the reader, never raised
+        print(f"Could not run {repo_id}: {type(e).__name__}: {e}")
+        return None
+    kinds = model.config.kinds
+    print(f"{repo_id}: {n:,} parameters in {len(kinds)} layers "
+          f"({', '.join(f'{kinds.count(k)} {k}' for k in sorted(set(kinds)))}); "
+          f"{packed} tensors read as MXFP4")
+    print(f"parameter count equals count_parameters: {count_ok}")
+    print(f"decoding one token at a time against the full forward: max |diff| {distance:.1e}")
+    print(f"greedy continuation (token ids): {out[0, n_tokens:].tolist()}")
+    return {"count_ok": count_ok, "decode_distance": distance, "packed": packed, "model": model}
