@@ -182,9 +182,10 @@ class Muon(torch.optim.Optimizer):
 
     **Per-Head Muon**: a parameter group with ``"heads": H`` (an int; :func:`muon_param_groups`
     builds them) orthogonalises with :func:`per_head_newton_schulz` instead, and scales by
-    ``muon_lr_scale`` of one head's block ``[A/H, B]``: each block's update then has the RMS
-    that a whole matrix's has under the plain form (0.2 with ``"match_rms_adamw"``); the scale
-    K3 itself uses for the blocks is not among what its readers quote.
+    ``muon_lr_scale`` of one head's block ``[A/H, B]``, the scale a matrix of that shape would
+    get: each block's update then has the RMS a whole matrix's has under the plain form (0.2
+    with ``"match_rms_adamw"`` for an exact polar factor); the scale K3 itself uses for the
+    blocks is not among what its readers quote.
 
     Keller Jordan's original writes the momentum as a sum, ``M ← μM + g`` and ``u = g + μM``:
     that is ``1/(1 − μ)`` times the moving average, and since Newton–Schulz first divides by

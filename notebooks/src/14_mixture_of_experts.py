@@ -28,10 +28,12 @@
 # renormalised and scaled; group-limited routing; shared experts. Each step is checked against
 # `tinyk3.layers.moe`, the whole layer against `transformers`' `DeepseekV3MoE` and
 # `Qwen3NextSparseMoeBlock`, and an expert loop against a batched form. Then the
-# auxiliary-loss-free balancing that moves the bias, in an experiment on a skewed router, and
-# the parameter counts of DeepSeek-V3 and Kimi K2, total and active, from their configurations.
+# auxiliary-loss-free balancing that moves the bias, in an experiment on a skewed router; Kimi
+# K3's Quantile Balancing, which replaced it, derived and checked; the two rules and an
+# auxiliary loss on a router that trains; and the parameter counts of DeepSeek-V3 and Kimi K2,
+# total and active, from their configurations.
 #
-# **Cost.** Under a minute on one CPU core, most of it in the balancing experiment and the
+# **Cost.** About a minute on one CPU core, most of it in the two balancing experiments and the
 # timings (the last cell prints the time); `SMOKE = True` runs faster.
 
 # %% tags=["hide-input"]
@@ -85,6 +87,8 @@ N_TIME = 512 if SMOKE else 4096  # tokens in the timing of the expert forms
 N_BAL = 1024 if SMOKE else 4096  # tokens routed in each step of the balancing run
 BAL_STEPS = 60 if SMOKE else 400  # bias updates per speed
 SPEEDS = [1e-4, 1e-3, 1e-2, 3e-2, 1e-1]  # bias update speeds u of the experiment
+TOY_STEPS = 40 if SMOKE else 300  # training steps of the router-training experiment
+TOY_SEEDS = (0,) if SMOKE else (0, 1, 2)
 RESULTS = {}  # distances and counts for the closing note
 
 # %% [markdown]
@@ -680,7 +684,258 @@ print(f"about {steps_v3:,.0f} updates at the full batch; at most "
 # %% [markdown]
 # So the slow speed does not stop the bias from going anywhere it needs to; it bounds how fast it
 # follows a router that is itself changing, and how much it jitters.
+
+# %% [markdown]
+# ## Quantile Balancing (Kimi K3)
 #
+# The sign rule moves every bias by exactly $u$ a step, whatever the distance to where it
+# should be: slow when far, jittery when close. Kimi K3 replaced it (Kimi Team, *Kimi K3: Open
+# Frontier Intelligence*, arXiv 2607.24653, §2.3.3, "Quantile Balancing", as torchtitan's
+# `models/kimi_k3/quantile_balance.py` quotes and implements it) by a rule that computes from
+# the batch itself where each bias should be.
+#
+# **The math.** Token $t$ ranks the biased scores $p_{t,i} + b_i$ and keeps the top $K_r$. Call
+# its *cutoff* $c_t$ the $(K_r{+}1)$-th largest biased score: the best expert it did not choose.
+# An expert $e$ that the token chose stays chosen as long as $p_{t,e} + b_e > c_t$, that is as
+# long as
+#
+# $$
+# b_e > r_{t,e} := c_t - p_{t,e} ,
+# $$
+#
+# the *required bias* of expert $e$ for token $t$. So, with the other biases where they are, the
+# load of expert $e$ as a function of its own bias is $\ell_e(b_e) = \#\{t : r_{t,e} < b_e\}$, a
+# staircase rising from 0 to $T$. The balanced load is $T K_r / N_r$, a fraction $K_r / N_r$ of
+# the tokens, and the bias that gives it is the $K_r/N_r$ quantile of the expert's $T$ required
+# biases. The rule sets every bias there at once, then subtracts the mean over experts (only
+# differences of biases change a selection):
+#
+# $$
+# b_e \leftarrow Q_{K_r/N_r}\big(\{r_{t,e}\}_{t=1}^{T}\big)
+#   - \frac{1}{N_r} \sum_{e'} Q_{K_r/N_r}\big(\{r_{t,e'}\}_t\big) .
+# $$
+#
+# Two things keep one update from landing exactly on balance, so the rule is iterated: every
+# bias moves at once, which moves the cutoffs; and for a token that did *not* choose $e$, the
+# bar $e$ must clear is the $K_r$-th largest biased score of the other experts, which is above
+# $c_t$ (unless $e$ was the $(K_r{+}1)$-th itself). The required bias of an underloaded expert is
+# therefore underestimated, and one update leaves it somewhat short of its target: measured
+# below. Code, from scratch and against `moe.quantile_bias`:
+
+# %%
+def required_biases_mine(scores, bias, top_k):
+    """r [T, E]: each token's (k+1)-th largest biased score minus each expert's score."""
+    ranked = (scores + bias).sort(dim=-1, descending=True).values
+    cutoff = ranked[:, top_k:top_k + 1]  # 0-based top_k: the (k+1)-th largest
+    return cutoff - scores
+
+
+def quantile_bias_mine(scores, bias, top_k, centred=True):
+    q = torch.quantile(required_biases_mine(scores, bias, top_k), top_k / scores.shape[1],
+                       dim=0)
+    return q - q.mean() if centred else q
+
+
+p64 = p_bal.double()
+b_now = torch.zeros(E_BAL, dtype=torch.float64)
+dist = max_diff(quantile_bias_mine(p64, b_now, K_BAL), moe.quantile_bias(p64, b_now, K_BAL))
+RESULTS["quantile bias vs moe.quantile_bias (float64)"] = dist
+print(f"my Quantile Balancing against moe.quantile_bias: max |diff| {dist:.1e}")
+for bins in (100, 1000):
+    d_h = max_diff(moe.quantile_bias(p64, b_now, K_BAL, num_bins=bins),
+                   moe.quantile_bias(p64, b_now, K_BAL))
+    print(f"the {bins}-bin histogram estimate against the exact quantile: max |diff| {d_h:.1e}")
+
+# %% [markdown]
+# The histogram is how a training run computes it (the report's form, with 1,000 bins): each
+# device counts its tokens' required biases into bins over $[\min b - 1, \max b + 1]$ (sigmoid
+# scores lie in $(0, 1)$, so every $r_{t,e}$ falls in that range), the counts are summed over all
+# devices (an all-reduce of $N_r \times 1000$ integers instead of gathering every token's
+# scores), and the quantile is read off the cumulative counts, interpolating linearly inside
+# its bin. Its error is of the order of a bin's width (the two lines above).
+#
+# **What one update does.** On the skewed router of the sign-rule experiment: first each
+# expert's bias moved alone to its (uncentred) quantile, the others held at zero, so that its
+# load should be the target $T K_r / N_r$; then the whole rule, step by step, against the sign
+# rule:
+
+# %%
+target = N_BAL * K_BAL / E_BAL
+q_alone = quantile_bias_mine(p64, b_now, K_BAL, centred=False)
+_, idx0 = moe.route(p64, top_k=K_BAL, bias=b_now)
+load0 = moe.expert_load(idx0, E_BAL).double()
+alone = []
+for e in range(E_BAL):
+    b_e = b_now.clone()
+    b_e[e] = q_alone[e]
+    _, idx = moe.route(p64, top_k=K_BAL, bias=b_e)
+    alone.append(int((idx == e).sum()))
+alone = torch.tensor(alone, dtype=torch.float64)
+over, under = load0 > target, load0 < target
+print(f"target load {target:.0f} tokens; one expert moved alone to its quantile gets "
+      f"{alone[over].min():.0f} to {alone[over].max():.0f} (the {int(over.sum())} overloaded), "
+      f"{alone[under].min():.0f} to {alone[under].max():.0f} (the {int(under.sum())} "
+      "underloaded)")
+
+
+def quantile_run(p, steps, k):
+    bias, hi = torch.zeros(p.shape[1], dtype=p.dtype), []
+    for _ in range(steps):
+        _, idx = moe.route(p, top_k=k, bias=bias)
+        load = moe.expert_load(idx, p.shape[1]).double()
+        hi.append((load.max() / load.mean()).item())
+        bias = moe.quantile_bias(p, bias, k)
+    return hi
+
+
+hi_q = quantile_run(p64, 8, K_BAL)
+print("busiest expert / mean load, before each quantile update: "
+      + ", ".join(f"{h:.2f}" for h in hi_q))
+reach_q = next((s for s, h in enumerate(hi_q) if h < 1.2), None)
+print(f"busiest expert within 20% of the mean after {reach_q} quantile update(s); the sign "
+      f"rule took {arrival[1e-2]} updates at u = 0.01 and {arrival[1e-3]} at u = 0.001")
+
+# %% [markdown]
+# An overloaded expert moved alone lands on its target (it is among the chosen of every token
+# it counts, where the cutoff is exact); an underloaded one lands below it, as derived above.
+# Together, the first update brings the busiest expert from several times the mean load close
+# to it, and a few more within a few percent (the lines above), where the sign rule needs a
+# number of updates that grows as $1/u$. On a fixed router
+# the comparison is unfair to the sign rule: its slowness is what keeps it stable when the
+# scores change at every step. The test that matters is training.
+#
+# **Experiment: balancing a router that trains.** One MoE layer (16 experts, 2 per token,
+# width 32) learns a regression task whose inputs come from 16 clusters with Zipf frequencies
+# (the first twice as common as the second, and so on), each with its own target map; every
+# input carries a constant channel on which two experts' router weights start favoured, so
+# left alone the router collapses onto them. Five ways to train it, from three seeds each,
+# with AdamW, fresh batches of 1,024 tokens, and the bias updated after every step: no
+# balancing; DeepSeek-V3's sign rule at $u = 0.001$ and $0.01$; an auxiliary loss,
+# $\alpha \sum_i f_i P_i$ (DeepSeek-V3's balance loss, `moe.balance_loss`: $f_i$ the expert's
+# share of the load times $N_r/K_r$, $P_i$ its mean normalised score), at $\alpha = 0.01$ and
+# $0.1$; and Quantile Balancing with the report's 1,000-bin histogram. `moe.Balancer` applies
+# each rule to any model's MoE layers:
+
+# %%
+D_T, E_T, K_T, H_T, N_T = 32, 16, 2, 32, 1024
+
+
+def toy_task(seed):
+    """Batches (x, y) of a skewed regression task: Zipf-frequent clusters, one map each."""
+    g = torch.Generator().manual_seed(100 + seed)
+    centres = 1.5 * torch.randn(E_T, D_T, generator=g)
+    freq = 1 / torch.arange(1, E_T + 1, dtype=torch.float32)
+    maps = torch.randn(E_T, D_T, D_T, generator=g) / math.sqrt(D_T)
+
+    def batch(gen, n=N_T):
+        c = torch.multinomial(freq / freq.sum(), n, replacement=True, generator=gen)
+        x = centres[c] + 0.5 * torch.randn(n, D_T, generator=gen)
+        x[:, 0] = 1.0  # the constant channel
+        return x, torch.tanh(torch.einsum("nd,nod->no", x, maps[c]))
+
+    return batch
+
+
+def train_router(rule, seed, steps, **kw):
+    """Per step: busiest and idlest expert over the mean load; the held-out loss at the end."""
+    torch.manual_seed(seed)
+    layer = moe.MoE(D_T, E_T, K_T, H_T)
+    with torch.no_grad():
+        layer.router.weight[:2, 0] += 1.0  # two favoured experts
+    balancer = None if rule == "none" else moe.Balancer(layer, rule, **kw)
+    opt = torch.optim.AdamW(layer.parameters(), lr=3e-3)
+    batch, g = toy_task(seed), torch.Generator().manual_seed(seed)
+    hi, lo = [], []
+    for _ in range(steps):
+        x, y = batch(g)
+        loss = F.mse_loss(layer(x), y)
+        if balancer is not None:
+            loss = loss + balancer.loss()  # zero unless the rule is "aux"
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        load = moe.expert_load(layer.last_indices, E_T).double()
+        hi.append((load.max() / load.mean()).item())
+        lo.append((load.min() / load.mean()).item())
+        if balancer is not None:
+            balancer.step()  # the bias update (sign or quantile rule)
+    layer.eval()
+    with torch.no_grad():
+        x, y = batch(torch.Generator().manual_seed(999), 8192)
+        val = F.mse_loss(layer(x), y).item()
+    return dict(hi=hi, lo=lo, val=val)
+
+
+RULES = {"none": ("none", {}),
+         "sign, u = 0.001": ("sign", {"speed": 1e-3}),
+         "sign, u = 0.01": ("sign", {"speed": 1e-2}),
+         "aux loss, α = 0.01": ("aux", {"alpha": 0.01}),
+         "aux loss, α = 0.1": ("aux", {"alpha": 0.1}),
+         "quantile (1,000 bins)": ("quantile", {"num_bins": 1000})}
+t0 = time.perf_counter()
+toy = {name: [train_router(rule, s, TOY_STEPS, **kw) for s in TOY_SEEDS]
+       for name, (rule, kw) in RULES.items()}
+print(f"{len(RULES)} rules x {len(TOY_SEEDS)} seeds x {TOY_STEPS} steps in "
+      f"{time.perf_counter() - t0:.0f} s")
+tail = max(1, TOY_STEPS // 6)
+
+
+def first_below(series, level=1.5, window=10):
+    """The first step at which the mean of the last `window` steps falls below `level`."""
+    means = [sum(series[max(0, i - window + 1): i + 1]) / min(window, i + 1)
+             for i in range(len(series))]
+    return next((i + 1 for i, m in enumerate(means) if m < level), None)
+
+
+print(f"{'':>22s}{'steps to max/mean < 1.5':>25s}{'last ' + str(tail) + ' steps: max/mean':>24s}"
+      f"{'min/mean':>10s}{'held-out MSE':>14s}")
+for name, runs_ in toy.items():
+    reach = [first_below(r["hi"]) for r in runs_]
+    reach_s = ", ".join("never" if s is None else str(s) for s in reach)
+    hi_end = sum(sum(r["hi"][-tail:]) / tail for r in runs_) / len(runs_)
+    lo_end = sum(sum(r["lo"][-tail:]) / tail for r in runs_) / len(runs_)
+    vals = [r["val"] for r in runs_]
+    print(f"{name:>22s}{reach_s:>25s}{hi_end:24.2f}{lo_end:10.2f}"
+          f"{sum(vals) / len(vals):10.4f} ± {(max(vals) - min(vals)) / 2:.4f}")
+
+# %% mystnb={"figure": {"caption": "Balancing a router that trains: one MoE layer (16 experts, 2 per token) on a skewed regression task, trained with no balancing, DeepSeek-V3's sign rule at two speeds, an auxiliary loss at two strengths and Kimi K3's Quantile Balancing (1,000-bin histogram). Left: the busiest expert's load over the mean load, averaged over 10 steps and over the seeds (log axis). Right: the held-out loss at the end against the final busiest-expert ratio, one point per seed.", "name": "fig-moe-quantile-training"}, "image": {"alt": "Left, lines of busiest load over mean load against training steps, one per rule. Without balancing the line rises to several times the mean and stays there; the slow sign rule and the weak auxiliary loss come down part of the way; the fast sign rule, the strong auxiliary loss and the quantile rule come down to within about one and a half times the mean, the quantile rule lowest and soonest. Right, a scatter of held-out loss against final busiest ratio, one marker per seed and rule: the points of the rules that balance best sit at the left, at losses between those of the unbalanced runs and above the slow sign rule's; the strong auxiliary loss sits highest."}}
+def smooth(series, k=10):
+    return [sum(series[max(0, i - k + 1): i + 1]) / min(k, i + 1) for i in range(len(series))]
+
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.9, 3.3), layout="constrained")
+for c, (name, runs_) in enumerate(toy.items()):
+    mean_hi = [sum(v) / len(v) for v in zip(*(r["hi"] for r in runs_))]
+    ax1.plot(range(1, TOY_STEPS + 1), smooth(mean_hi), color=f"C{c}", lw=1.4, label=name)
+    ax2.scatter([sum(r["hi"][-tail:]) / tail for r in runs_], [r["val"] for r in runs_],
+                color=f"C{c}", s=18)
+ax1.axhline(1, color="k", lw=0.6, ls=":")
+ax1.set(yscale="log", xlabel="training step", ylabel="busiest load / mean")
+ax1.set_yticks([1, 1.5, 2, 3, 5], ["1", "1.5", "2", "3", "5"])
+ax1.minorticks_off()
+ax2.set(xlabel="final busiest load / mean", ylabel="held-out MSE")
+fig.legend(loc="outside lower center", ncol=3, fontsize=8)
+ax1.set_title("Load while training", fontsize=10)
+ax2.set_title("What balance costs", fontsize=10)
+plt.show()
+
+# %% [markdown]
+# What this shows, and what it cannot. Left alone, the router collapses: a few experts take
+# several times the mean load and others none (the first row). Every rule counters it to some
+# degree; at these settings the quantile rule gets closest to balance and soonest, with no
+# parameter to tune, where the sign rule's speed and the auxiliary loss's strength each trade
+# balance against something else (the table). Balance and the main loss pull apart on this
+# task, whose clusters are themselves skewed: the lowest held-out loss is the slow sign rule's,
+# which balances only part of the way; collapse ends higher (idle experts learn nothing); the
+# rules closest to balance sit between; the strong auxiliary loss, whose gradient pulls on
+# the router against the task, ends highest (the right panel). Why a real MoE balances anyway:
+# with experts on different devices the busiest one sets the pace of every step, and with
+# capacity limits an overloaded expert drops tokens; neither exists in a one-layer toy, so its
+# loss shows the price of balance, not its benefit. Three seeds and a few hundred steps are
+# a spread (the ± is half the range over seeds), not a confidence interval; the order of the
+# rules, not the digits, is the finding.
+
+# %% [markdown]
 # ## Parameters, total and active
 #
 # `tinyk3.models.count_parameters(config)` returns `(total, active)` by formula: `total` equals
@@ -879,6 +1134,45 @@ ok = checks.run("moe.update_bias", update_bias_solution)
 # ```{solution-end}
 # ```
 #
+# ```{exercise} Quantile Balancing
+# :label: ex-moe-quantile-bias
+#
+# Write `quantile_bias(scores, bias, top_k)`: Kimi K3's bias update, the exact form. `scores`
+# `[T, E]` are sigmoid scores before the bias, `bias [E]` the current one. Each token's cutoff
+# is its $(k{+}1)$-th largest biased score; expert $e$'s required bias for token $t$ is the
+# cutoff minus `scores[t, e]`; the new bias of expert $e$ is the $k/E$ quantile of its $T$
+# required biases (`torch.quantile`, linear interpolation), minus the mean over experts.
+# Return it in `scores`' dtype. The cases include $k = E - 1$, a single token and float64.
+# ```
+
+# %%
+def quantile_bias_exercise_mine(scores, bias, top_k):
+    # your code here
+    raise NotImplementedError
+
+
+# %% tags=["nbval-check-output"]
+ok = checks.run("moe.quantile_bias", quantile_bias_exercise_mine)
+
+# %% [markdown]
+# ```{solution-start} ex-moe-quantile-bias
+# :class: dropdown
+# ```
+
+# %%
+def quantile_bias_solution(scores, bias, top_k):
+    s = scores.double()
+    cutoff = (s + bias.double()).sort(dim=-1, descending=True).values[:, top_k:top_k + 1]
+    q = torch.quantile(cutoff - s, top_k / s.shape[1], dim=0)  # per expert, over tokens
+    return (q - q.mean()).to(scores.dtype)
+
+
+ok = checks.run("moe.quantile_bias", quantile_bias_solution)
+
+# %% [markdown]
+# ```{solution-end}
+# ```
+#
 # ```{exercise} Parameters of one MoE layer
 # :label: ex-moe-layer-parameters
 #
@@ -939,6 +1233,13 @@ ok = checks.run("moe.layer_parameters", layer_parameters_solution)
 # - Auxiliary-loss-free balancing moves each bias by $\pm u$ a step against its expert's load.
 #   The speed trades how fast the load balances against how much it oscillates once balanced;
 #   DeepSeek-V3 used $u = 0.001$, then 0 for the last 500B tokens.
+# - Kimi K3's Quantile Balancing sets each bias to the $K_r/N_r$ quantile of its required
+#   biases (each token's $(K_r{+}1)$-th biased score minus the expert's score), mean-centred:
+#   the bias at which the expert's load on the batch would be balanced if the others stayed
+#   put. In training it is read off a 1,000-bin histogram pooled across devices. On a fixed
+#   router it balances in a few updates; on a router that trains it balanced the toy task best
+#   of the rules tried, with nothing to tune, and, like every rule, at some cost to a task
+#   whose own structure is skewed.
 # - `count_parameters` gives DeepSeek-V3 and Kimi K2 within a few percent of 671B/37B and
 #   1T/32B; rounding, the MTP module (not built) and whether the input embedding counts as
 #   active explain the differences, and the routed experts hold almost all the weights.

@@ -24,15 +24,18 @@
 #
 # **In this chapter** you build Muon from scratch: why it orthogonalises the update, the
 # Newton–Schulz iteration that does it without an SVD and its quintic coefficients, the
-# momentum, and the shape-dependent learning-rate scale, checked against `torch.optim.Muon`.
-# Then QK-Clip: the per-head maximum logit, the factor $\eta = \min(1, \tau / S_{\max})$, and
+# momentum, and the shape-dependent learning-rate scale, checked against `torch.optim.Muon`;
+# and Kimi K3's Per-Head Muon, which orthogonalises each attention head's block of the Q, K
+# and V projections on its own. Then QK-Clip: the per-head maximum logit, the factor $\eta = \min(1, \tau / S_{\max})$, and
 # how it is split between the query and key weights of multi-head attention and of MLA,
 # checked on `tinyk3.layers`. Two experiments train a tiny MLA model on the course's corpus: at
 # a learning rate high enough that the logits run away, with and without the clip; and Muon
-# against AdamW on the same budget. The library form of everything is `tinyk3.optim`.
+# and Per-Head Muon against AdamW on the same budget. The library form of everything is
+# `tinyk3.optim`.
 #
-# **Cost.** About a minute on one CPU core (up to twice that on a slower machine), almost
-# all of it in the six training runs (the last cell prints the time); `SMOKE = True` runs in seconds.
+# **Cost.** About a minute and a half on one CPU core (up to twice that on a slower machine),
+# almost all of it in the eight training runs (the last cell prints the time); `SMOKE = True`
+# runs in seconds.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -357,6 +360,87 @@ for name, dt in (("float32", None), ("bfloat16", torch.bfloat16)):
 # the library performs the same operations in the same order as torch (fused `addmm`
 # included) and agrees bit for bit on this machine; my version, in bf16 with separate
 # operations, rounds differently and stays at the bf16 distance (the second line).
+
+# %% [markdown]
+# ## Per-Head Muon (Kimi K3)
+#
+# Kimi K3 trained with Muon too (and with Kimi K2's QK-Clip, the next section), but changed
+# what Muon orthogonalises in attention. Its report
+# (arXiv 2607.24653, §2.5, quoted by torchtitan's `models/kimi_k3/muon.py`): "instead of
+# applying Newton-Schulz orthogonalization to the full Q, K, and V projection matrices, we
+# partition their momentum matrices along the head dimension and orthogonalize each head's
+# block separately." The output projection is not split: its head axis is on its input side.
+#
+# **The math.** A query projection $W_Q \in \mathbb{R}^{H d \times n}$ stacks one block of $d$
+# rows per head, $W_Q = [W_1; \dots; W_H]$, and so does its momentum $M = [M_1; \dots; M_H]$.
+# The full-matrix update $O = \operatorname{polar}(M) = UV^\top$ has every singular value 1 as a
+# whole, but its head blocks $O_h = U_h V^\top$ have the singular values of $U_h$, the rows of
+# $U$ that belong to head $h$: anywhere between 0 and 1, small for a head whose momentum is
+# small beside the others'. Per head, $O_h = \operatorname{polar}(M_h)$ for each $h$: each
+# block gets singular values 1, as if each head were a matrix of its own, whatever the other
+# heads' gradients. On the first layer's query projection of the tiny model above (4 heads of
+# 24 rows: 16 for the position-free part and 8 for the rope part):
+
+# %%
+attn0 = model.transformer.h[0].attn
+Gq = attn0.q_proj.weight.grad.double()  # [H·(dn + dr), d] = [96, 64]
+H_q = attn0.n_head
+d_h = Gq.shape[0] // H_q
+full = optim.newton_schulz(Gq)
+per_head = optim.per_head_newton_schulz(Gq, H_q)
+mine = torch.cat([ns_orthogonalise(block) for block in Gq.split(d_h)])  # one at a time
+dist = max_diff(per_head, mine)
+RESULTS["per-head Newton-Schulz vs a loop over heads (float64)"] = dist
+print(f"per_head_newton_schulz against my loop over the {H_q} blocks: max |diff| {dist:.1e}")
+print(f"{'head':>6s}{'share of |G|²':>15s}{'full matrix: σ of the block':>30s}"
+      f"{'per head: σ of the block':>27s}")
+sv_full, sv_head = [], []
+for h, (g_b, f_b, p_b) in enumerate(zip(Gq.split(d_h), full.split(d_h), per_head.split(d_h))):
+    sf, sp = torch.linalg.svdvals(f_b), torch.linalg.svdvals(p_b)
+    sv_full.append(sf)
+    sv_head.append(sp)
+    print(f"{h:>6d}{(g_b.norm() ** 2 / Gq.norm() ** 2).item():15.1%}"
+          f"{sf.min().item():18.2f} to {sf.max().item():.2f}"
+          f"{sp.min().item():17.2f} to {sp.max().item():.2f}")
+
+# %% mystnb={"figure": {"caption": "The singular values of each head's block of the orthogonalised update of one query projection (the tiny MLA model's first layer, 4 heads of 24 rows), under full-matrix Newton\u2013Schulz (left) and Per-Head Muon (right), sorted, one line per head.", "name": "fig-per-head-muon"}, "image": {"alt": "Two panels of singular value against index from 1 to 24, one line per head. Left, full matrix: each head's line falls from about one to between 0.1 and 0.15, the four heads alike. Right, per head: all four lines lie between about 0.7 and 1.2 for every index."}}
+fig, axes = plt.subplots(1, 2, figsize=(6.7, 2.9), sharey=True, layout="constrained")
+for ax, svs, title in ((axes[0], sv_full, "full matrix"), (axes[1], sv_head, "per head")):
+    for h, sv in enumerate(svs):
+        ax.plot(range(1, len(sv) + 1), sv, marker="o", ms=2, lw=1.2, label=f"head {h}")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("singular value index")
+axes[0].set_ylabel("σ of the head's block")
+axes[1].legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# Under the full-matrix form the heads share one budget: this matrix has more rows (96) than
+# columns (64), so its 64 singular values near 1 are shared out among the four blocks' 96
+# directions, and each block's fall from about 1 to about 0.1 (left), the head with half the
+# gradient's squared norm and those with a tenth of it alike. Per head, every block gets
+# singular values in Newton–Schulz's band around 1 (right). The update is then
+# larger as a whole (up to $\sqrt{H}$ times in RMS when the matrix has at least as many columns
+# as rows; the ratio here is printed below). `tinyk3.optim.Muon` scales a per-head group by
+# the block's shape, $0.2\sqrt{\max(d, n)}$, the scale a matrix of that shape would get, which
+# gives each block the RMS a whole matrix gets under the plain form: 0.2 for an exact polar
+# factor, a little less after Newton–Schulz's five steps (how K3 scales its blocks is not
+# among what its readers quote):
+
+# %%
+for name, O, shape in (("full matrix", full, tuple(Gq.shape)),
+                       ("per head", per_head, (d_h, Gq.shape[1]))):
+    scaled = optim.muon_lr_scale(shape) * O
+    print(f"{name:>12s}: update RMS {O.pow(2).mean().sqrt():.4f}, times "
+          f"0.2·sqrt(max{shape}) = {optim.muon_lr_scale(shape):.2f}: "
+          f"{scaled.pow(2).mean().sqrt():.3f}")
+
+# %% [markdown]
+# In training, `optim.muon_param_groups(model)` hands `Muon` the Q, K and V projections in
+# groups that carry their head count (`optim.per_head_projections` lists them: in MLA the
+# query projection and `kv_b_proj`, whose per-head blocks hold that head's key and value rows;
+# the latent down-projections have no head axis) and every other matrix in a plain group; the
+# second experiment below runs it beside plain Muon.
 #
 # ## QK-Clip: bounding the attention logits
 #
@@ -510,12 +594,13 @@ print(f"MHA, τ = {tau_mha:.1f}: S_max {[round(v, 1) for v in m_before.tolist()]
 # %%
 def train(optimiser, lr, steps, tau=None, seed=0):
     """Per-step training loss and largest logit (over layers and heads, in the step's
-    forward pass); the final validation loss. optimiser: "muon" or "adamw"."""
+    forward pass); the final validation loss. optimiser: "muon", "muon per head" (Kimi K3's
+    Per-Head Muon on the Q, K and V projections) or "adamw"."""
     torch.manual_seed(seed)
     model = LM(tiny_config())
-    if optimiser == "muon":
-        hidden, rest = optim.split_params_for_muon(model)
-        opts = [optim.Muon(hidden, lr=lr),
+    if optimiser.startswith("muon"):
+        groups, rest = optim.muon_param_groups(model, per_head=optimiser == "muon per head")
+        opts = [optim.Muon(groups, lr=lr),
                 torch.optim.AdamW(rest, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)]
     else:
         opts = [torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
@@ -597,28 +682,31 @@ plt.show()
 # ## Experiment 2: Muon against AdamW on the same budget
 #
 # The same model, the same batches, the same number of steps, at two learning rates for each
-# optimiser (with Moonshot's scale, Muon is meant to share AdamW's learning rates), no clip:
+# optimiser (with Moonshot's scale, Muon is meant to share AdamW's learning rates), no clip;
+# Muon in both forms, K2's (every matrix whole) and K3's (the Q, K and V projections per
+# head):
 
 # %%
 LRS = [3e-3, 1e-2]
 t0 = time.perf_counter()
-runs_cmp = {(opt, lr): train(opt, lr, STEPS_CMP)
-            for opt in ("adamw", "muon") for lr in LRS}
+OPTIMISERS = ("adamw", "muon", "muon per head")
+runs_cmp = {(opt, lr): train(opt, lr, STEPS_CMP) for opt in OPTIMISERS for lr in LRS}
 print(f"{len(runs_cmp)} runs of {STEPS_CMP} steps in {time.perf_counter() - t0:.0f} s")
 for (opt, lr), r in runs_cmp.items():
-    print(f"{opt:>5s}, lr {lr:g}: validation loss {r['val']:.3f}, "
+    print(f"{opt:>13s}, lr {lr:g}: validation loss {r['val']:.3f}, "
           f"largest logit at the end {r['max_logit'][-1]:.1f}")
 best = {opt: min((r["val"], lr) for (o, lr), r in runs_cmp.items() if o == opt)
-        for opt in ("adamw", "muon")}
-print(f"best of each: AdamW {best['adamw'][0]:.3f} (lr {best['adamw'][1]:g}), Muon "
-      f"{best['muon'][0]:.3f} (lr {best['muon'][1]:g}); difference "
-      f"{best['adamw'][0] - best['muon'][0]:+.3f} nats per byte")
+        for opt in OPTIMISERS}
+print("best of each: " + ", ".join(f"{opt} {v:.3f} (lr {lr:g})" for opt, (v, lr) in best.items()))
+print(f"AdamW minus Muon {best['adamw'][0] - best['muon'][0]:+.3f}, Muon minus Per-Head "
+      f"Muon {best['muon'][0] - best['muon per head'][0]:+.3f} nats per byte")
 
-# %% mystnb={"figure": {"caption": "Training loss (mean of 10 steps) of the tiny MLA model with AdamW and with Muon (AdamW for the embedding, head and norms), each at two constant learning rates, on the same batches and budget. One seed.", "name": "fig-muon-vs-adamw"}, "image": {"alt": "Four training-loss curves against training steps, Muon solid and AdamW dashed, all starting near the loss of a uniform guess over bytes and falling; the validation losses printed above the figure give where each run ends."}}
+# %% mystnb={"figure": {"caption": "Training loss (mean of 10 steps) of the tiny MLA model with AdamW, with Muon and with Per-Head Muon (AdamW for the embedding, head and norms in both), each at two constant learning rates, on the same batches and budget. One seed.", "name": "fig-muon-vs-adamw"}, "image": {"alt": "Six training-loss curves against training steps, Muon solid, Per-Head Muon dash-dotted and AdamW dashed, all starting near the loss of a uniform guess over bytes and falling; the validation losses printed above the figure give where each run ends."}}
 fig, ax = plt.subplots(figsize=(6.7, 3.4), layout="constrained")
 for (opt, lr), r in runs_cmp.items():
     ax.plot(range(1, len(r["loss"]) + 1), smooth(r["loss"]), lw=1.3,
-            ls="-" if opt == "muon" else "--", label=f"{opt}, lr {lr:g}")
+            ls={"muon": "-", "muon per head": "-.", "adamw": "--"}[opt],
+            label=f"{opt}, lr {lr:g}")
 ax.set_xlabel("step")
 ax.set_ylabel("training loss (mean of 10)")
 ax.set_title("Muon against AdamW, same model, data and steps", fontsize=10)
@@ -631,8 +719,12 @@ plt.show()
 # draw, not a measured gap. Moonshot reports about twice the compute efficiency of AdamW at
 # compute-optimal training (arXiv 2502.16982, its scaling-law fits); a comparison this small
 # can at most suggest whether the orthogonalised update also helps a tiny model in its first
-# few hundred steps, at two untuned learning rates and one seed. It does not measure the ratio, nor what happens with a
-# schedule, weight decay, or tuned AdamW hyper-parameters at the same cost.
+# few hundred steps, at two untuned learning rates and one seed. It does not measure the
+# ratio, nor what happens with a schedule, weight decay, or tuned AdamW hyper-parameters at
+# the same cost. The same holds for Per-Head Muon against Muon (the last printed line): a
+# model of four heads per layer and one seed cannot show what K3's report attributes to it at
+# 96 heads; what this run shows is that it trains, through the same loop, with nothing else
+# changed.
 #
 # ## Exercises
 #
@@ -740,10 +832,14 @@ ok = checks.run("qk_clip.mla_scales", mla_scales_solution)
 #   $\eta^{1-\alpha}$; in MLA the rope query rows take the full $\eta$ because the rope key is
 #   shared, and the values are untouched. Heads over $\tau$ end at $\tau$; the others are
 #   unchanged bit for bit.
+# - Kimi K3's Per-Head Muon orthogonalises the momentum of the Q, K and V projections one
+#   head's block at a time (`optim.per_head_newton_schulz`): each block's singular values
+#   land around 1, where the full-matrix form spreads one budget unevenly over the heads
+#   (measured above); the output projection stays whole.
 # - On a tiny MLA model at a learning rate too high for it, the largest logit grew by orders
-#   of magnitude without the clip and stayed near $\tau$ with it; Muon and AdamW were
-#   compared at two learning rates each on the same small budget. Both are single-seed CPU
-#   runs: they show the mechanisms, not their value at scale.
+#   of magnitude without the clip and stayed near $\tau$ with it; AdamW, Muon and Per-Head
+#   Muon were compared at two learning rates each on the same small budget. Both experiments
+#   are single-seed CPU runs: they show the mechanisms, not their value at scale.
 #
 # The distances this run measured:
 
