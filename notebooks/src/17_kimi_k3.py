@@ -15,29 +15,35 @@
 # %% [markdown]
 # # Kimi K3
 #
-# The destination of the course: Kimi K3 (Moonshot AI, weights released in July 2026), the
-# model of the title, announced with 2.8 trillion parameters of which 104 billion are used for
-# each token. Its token mixers are chapter 15's Kimi Linear hybrid (KDA in three of every four
+# The destination of the course: Kimi K3 (Moonshot AI; weights and technical report released
+# on 27 July 2026), the model of the title, published with 2.8 trillion parameters of which
+# 104 billion are used for each token. Its token mixers are chapter 15's Kimi Linear hybrid (KDA in three of every four
 # layers, position-free MLA in the fourth), its feed-forward layers chapter 14's mixture of
 # experts. What is new sits between and inside them: the residual stream itself becomes an
 # attention over depth, the experts run in a narrower latent space, a soft-capped gated unit
 # replaces SiLU, and both mixers get sigmoid gates on their outputs.
 #
-# **Sources.** No technical report was available when this chapter was written. What it says
-# about K3 comes from the released `config.json` (its `text_config`, as mirrored model cards
-# and third-party readings give it) and from third-party ports that run the released weights,
-# mlx-lm's `models/kimi_k3.py` above all; block attention residuals are described in Kimi
-# Team, *Attention Residuals*, arXiv 2603.15031. Where a value was assumed rather than read,
-# `tinyk3.models.presets.kimi_k3`'s docstring says so, and this chapter repeats it.
+# **Sources.** Kimi Team, *Kimi K3: Open Frontier Intelligence*, arXiv 2607.24653 (the
+# technical report, also `k3_tech_report.pdf` in the `MoonshotAI/Kimi-K3` repository), and the
+# model card of `moonshotai/Kimi-K3`. The sizes are the released `config.json`'s (its
+# `text_config`), recorded once in `tinyk3.models.presets.kimi_k3`; the computations are those
+# of third-party ports that run the released weights, mlx-lm's `models/kimi_k3.py` above all,
+# against which every piece here is checked. Where the chapter uses a statement of the report,
+# it gives the section and says that it is quoted: by the report's readers, torchtitan's
+# `models/kimi_k3/` (whose code cites §2.3.3, §2.5 and §4.1.4), NVIDIA's and DeepSpeed's
+# issue threads and public reading notes. Block attention residuals are described in Kimi
+# Team, *Attention Residuals*, arXiv 2603.15031.
 #
 # **In this chapter** you build every change from Kimi Linear small, each checked against
 # `tinyk3` with a printed distance (and against mlx-lm where it is installed): the layer
-# pattern; block attention residuals, and what they do and do not reduce to; SiTU-GLU and its
-# caps; the latent mixture of experts; MLA's sigmoid output gate; KDA's lower-bound gate and
-# full-rank output gate. Then a tiny K3-shaped model whose cached decoding equals its full
-# forward; the parameter counts of the released configuration and the title's ratio, three
-# ways; the decoding memory at a million tokens; and a tiny K3 trained briefly against a
-# GPT-2 of the same size.
+# pattern; block attention residuals, and what they do and do not reduce to; SiTU-GLU and why
+# it caps; the latent mixture of experts; MLA's sigmoid output gate; KDA's lower-bound gate
+# and full-rank output gate. Then a tiny K3-shaped model whose cached decoding equals its full
+# forward; the parameter counts of the released configuration against the published ones and
+# the title's ratio, three ways; the decoding memory at a million tokens; a tiny K3 trained
+# briefly against a GPT-2 of the same size; the released checkpoint's MXFP4 experts, decoded
+# by hand and measured on that trained model; and what K3 changed in training (Quantile
+# Balancing and Per-Head Muon are built in chapters 14 and 16).
 #
 # **Cost.** A few minutes on one CPU core, most of it in the training experiment (the last
 # cell prints the time); `SMOKE = True` runs in seconds.
@@ -85,7 +91,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from tinyk3 import checks, data
+from tinyk3 import checks, data, mxfp4
 from tinyk3.layers import (
     KDAConfig,
     KimiDeltaAttention,
@@ -98,7 +104,7 @@ from tinyk3.layers import (
 from tinyk3.models import LM, LMConfig, count_parameters, presets
 from tinyk3.models.gpt2 import gpt2_config
 from tinyk3.models.lm import DepthMix
-from tinyk3.train import train_lm
+from tinyk3.train import evaluate_loss, train_lm
 from tinyk3.util import max_diff
 
 STEPS = 4 if SMOKE else 150  # training steps of the experiment, for each model
@@ -176,10 +182,13 @@ print(f"first layer: mixer {K3.kinds[0]}, feed-forward {K3.layer_mlps[0].kind} "
 #
 # ## Block attention residuals
 #
-# **The idea.** In GPT-2 and every model since, layer $\ell$ reads the residual stream
-# $x_\ell = h_0 + \sum_{j < \ell} f_j$, the embedding plus the sum of every earlier sub-layer's
-# output, each with weight one. *Attention Residuals* replaces the fixed sum by a learned,
-# input-dependent mixture over depth: each read is a softmax over earlier outputs, as
+# **The idea.** In GPT-2 and every model of this course so far, layer $\ell$ reads the residual
+# stream $x_\ell = h_0 + \sum_{j < \ell} f_j$, the embedding plus the sum of every earlier
+# sub-layer's output, each with weight one. Others had already made those weights learned:
+# Hyper-Connections (Zhu et al., arXiv 2409.19606) widen the stream into several copies mixed
+# by learned, input-dependent weights, and DeepSeek's manifold-constrained Hyper-Connections
+# (mHC, arXiv 2512.24880) constrain that mixing to keep deep stacks stable.
+# *Attention Residuals* replaces the fixed sum by a learned, input-dependent mixture over depth: each read is a softmax over earlier outputs, as
 # attention is a softmax over earlier tokens. Attending to every earlier sub-layer would keep
 # $2\ell$ vectors per token; the block form keeps a few. The layers are cut into blocks of
 # $n$ (K3: $n = 12$); the sources of a read are the **completed block sums** $b_0 = h_0$
@@ -257,7 +266,9 @@ if mlx_k3 is not None:
 # Now the residual stream of a whole model, from scratch, around the library's own sub-layers:
 # a tiny K3-shaped model (four KDA layers and one MLA layer, attention residuals in blocks of
 # two, a dense first layer, then the latent mixture of experts with SiTU-GLU; the pieces are
-# built one by one in the sections below):
+# built one by one in the sections below). One simplification: its MLA has no shared key
+# channels (`qk_rope_head_dim=0`), where K3 keeps the configuration's 64, unrotated; with no
+# RoPE they are only 64 more key dimensions, shared by the heads, and change nothing else:
 
 # %%
 def tiny_k3(d=64, block=2, n_kda=4, eps=1e-5, vocab=256):
@@ -339,12 +350,13 @@ print(f"{cfg.n_layer} layers, blocks of {cfg.attn_res_block_size}: my stream aga
       f"LM: max |diff| of the logits {dist:.1e}")
 
 # %% [markdown]
-# **What it reduces to.** Two claims are often made: that a block per layer is "full"
-# attention residuals, and that it reduces to the plain residual stream. The first holds by
-# construction: with $n = 1$ every layer starts a block, so every earlier layer's output is a
-# source of its own, and the read mixes all of them. The weights of the last layer's
-# attention read, at random read vectors (sources: the embedding, then each layer's
-# output):
+# **What it reduces to.** The paper places the block form between two ends counted by the
+# number of blocks $N$, not by their size $n$ (§3.2): "N = L recovers Full AttnRes, while N = 1
+# reduces to standard residual connections with the embedding isolated as b₀". The first end
+# holds by construction: with one layer per block ($n = 1$, so $N$ equals the number of layers
+# $L$) every layer starts a block, every earlier layer's output is a source of its own, and the
+# read mixes all of them. The weights of the last layer's attention read, at random read
+# vectors (sources: the embedding, then each layer's output):
 
 # %%
 def read_weights(model, idx, layer):
@@ -369,17 +381,20 @@ print(f"block size 1, last layer's read over {len(p_last)} sources: "
       + ", ".join(f"{v:.2f}" for v in p_last.tolist()))
 
 # %% [markdown]
-# The second claim does not hold in that form: a read is a convex combination, its weights sum
-# to one, so it never equals the plain sum $h_0 + \sum_j f_j$ (whose weights are all one). What
-# does hold is narrower, and worth knowing: (a) *inside* a block the partial sum is the plain
-# sum of the block's outputs; (b) when all depth logits are equal (zero read vectors: how
-# `LM` starts them), a read over $S$ sources is the plain
-# residual sum divided by $S$, and since every read is followed by an RMSNorm (`ln_1`, `ln_2`,
-# `ln_f`), which removes a positive scale up to its $\epsilon$, the model then computes what
-# the plain-residual model with the same weights computes, at any block size. Checked on the
-# logits, with the same weights loaded into a model without attention residuals (its "twin"),
-# for zero read vectors (`LM`'s initialisation), for small random ones (entries of 0.02, the
-# size of every other linear map's at initialisation) and for large random ones:
+# The other end, $N = 1$: one block holds every layer (in the tiny model, a block size of 12
+# over its 5 layers). The embedding is $b_0$, everything after it one partial sum $p$, and
+# every read after the first layer's is a softmax over two sources, $\pi_0 b_0 + \pi_1 p$ with
+# $\pi_0 + \pi_1 = 1$, where the plain residual stream is $b_0 + p$, both weights one. The two
+# agree only at equal logits ($\pi_0 = \pi_1 = \tfrac12$, the read is $(b_0 + p)/2$), and then
+# only up to that factor ½, which the RMSNorm after every read (`ln_1`, `ln_2`, `ln_f`) removes
+# up to its $\epsilon$. The same argument holds at any $N$: inside a block the partial sum is
+# the plain sum of the block's outputs, and at equal logits a read over $S$ sources is the plain
+# residual sum divided by $S$. So the paper's "reduces to" is loose: at $N = 1$ the model *can*
+# compute the plain residual stream (zero read vectors, how `LM` starts them), as at every
+# other $N$; with learned read vectors it is a two-source mixture, not the plain sum. Checked
+# on the logits, with the same weights loaded into a model without attention residuals (its
+# "twin"), for zero read vectors, for small random ones (entries of 0.02, the size of every
+# other linear map's at initialisation) and for large random ones:
 
 # %%
 def plain_twin(model):
@@ -390,34 +405,40 @@ def plain_twin(model):
     return twin
 
 
-READS = {"zero read vectors": zero_depth_mixes,
-         "small read vectors": randomise_small,  # N(0, 0.02²) entries
-         "random read vectors": randomise_depth_mixes}
-print(f"{'logits, max |diff| from the twin':>44s}{'eps 1e-12':>11s}{'eps 1e-5':>11s}")
+READS = {"zero": zero_depth_mixes,
+         "small": randomise_small,  # N(0, 0.02²) entries
+         "random": randomise_depth_mixes}
+n_sources_12 = len(read_weights(LM(tiny_k3(block=12)).double().eval(), idx, 3))
+print(f"block size 12 over 5 layers (N = 1): a later layer's read has {n_sources_12} sources")
+print("logits, max |diff| from the plain twin, by read vectors:")
+print(f"{'':>22s}{'zero':>9s}{'small':>9s}{'random':>9s}{'zero, eps 1e-5':>16s}")
 for block in (1, 2, 12):
+    row = {}
     for what, set_reads in READS.items():
-        row = []
-        for eps in (1e-12, 1e-5):
+        for eps in (1e-12, 1e-5) if what == "zero" else (1e-12,):
             torch.manual_seed(0)
             m = LM(tiny_k3(block=block, eps=eps)).double().eval()
             set_reads(m)
             with torch.no_grad():
-                row.append(max_diff(m(idx), plain_twin(m)(idx)))
-        cols = "".join(f"{v:11.1e}" for v in row)
-        print(f"block size {block:2d}, {what:>20s}:{cols}")
-        RESULTS[f"vs plain twin, block {block}, {what}, eps 1e-12"] = row[0]
+                row[what, eps] = max_diff(m(idx), plain_twin(m)(idx))
+        RESULTS[f"vs plain twin, block {block}, {what} read vectors, eps 1e-12"] = row[what, 1e-12]
+    N = math.ceil(m.config.n_layer / block)
+    print(f"block size {block:2d} (N = {N})   " + "".join(
+        f"{row[w, 1e-12]:9.1e}" for w in READS) + f"{row['zero', 1e-5]:16.1e}")
 
 # %% [markdown]
 # With zero read vectors the two models agree as far as the norms' $\epsilon$ allows: to about
-# $10^{-9}$ at $\epsilon = 10^{-12}$, and visibly not at the released $\epsilon = 10^{-5}$
-# (dividing the sum by $S$ makes $\epsilon$ count $S^2$ times more, against a residual stream
-# that is small at initialisation: the embedding's entries are of order 0.02). With any other
-# read vectors they differ at every block size, one layer per block included, by a sizeable
-# fraction of the logits or more: even small read vectors (entries of 0.02) make the depth
-# weights unequal, and the mixture
-# of experts' discrete top-$k$ turns small changes of its input into different experts (the
-# lines above). So attention residuals can *start* as the plain residual stream, if their
-# read vectors start at zero, and learn away from it; they do not reduce to it.
+# $10^{-9}$ at $\epsilon = 10^{-12}$ (the first column), and visibly not at the released
+# $\epsilon = 10^{-5}$ (the last: dividing the sum by $S$ makes $\epsilon$ count $S^2$ times
+# more, against a residual stream that is small at initialisation, the embedding's entries
+# being of order 0.02). With any other read vectors they differ at every $N$, $N = 1$ and
+# $N = L$ included, by a sizeable fraction of the logits or more: even small read vectors
+# make the depth weights unequal, and the mixture of experts' discrete top-$k$ turns small
+# changes of its input into different experts. So attention residuals can *start* as the
+# plain residual stream, if their read vectors start at zero, and learn away from it; at no
+# $N$ are they the plain residual stream once learned. (The course's plan had read the
+# paper's sentence as "one layer per block reduces to the plain residual"; the errata page
+# records both readings.)
 #
 # At K3's size: 93 layers in blocks of 12 start a block at 0-based layers 0, 12, …, 84, so the
 # final read mixes the embedding, seven completed block sums and the partial sum of the last
@@ -450,10 +471,12 @@ print(f"{n_reads} reads, {2 * K3.n_embd * n_reads:,} parameters in all "
 # `activation_situ_linear_beta = 25`. A soft cap $\beta \tanh(x/\beta)$ is $x$ for
 # $|x| \ll \beta$ and tends to $\pm\beta$ beyond it; here it caps the gate's argument at 4
 # before the sigmoid weighs it, and the value at 25, so no product can exceed
-# $4 \cdot 25 = 100$ in magnitude, however large the pre-activations grow. (Why K3 caps is
-# not documented in a report we could read; a bounded activation keeps the products in a
-# range that low-precision weights and activations can represent, and K3's weights are
-# MXFP4, quantisation-aware trained.)
+# $4 \cdot 25 = 100$ in magnitude, however large the pre-activations grow. Why cap: the report
+# gives the reason as bounded tails for low-precision training (as its readers quote it): the
+# activations that enter the routed experts are computed in MXFP8, whose groups of 32 values
+# share one power-of-two scale, so one outlier in a group coarsens the grid of the other 31
+# (the MXFP4 section below measures the same effect on weights). A unit that can never exceed
+# 100 has no such outliers to begin with.
 
 # %%
 def situ_mine(g, u):
@@ -696,19 +719,25 @@ print("states:", [type(s).__name__ for s in cache.layers])
 # $10^{-6}$ (the lines above; the prefill runs KDA chunkwise and decoding step by step, so the
 # sums are ordered differently). The same model is checked against mlx-lm's `kimi_k3` (loaded
 # from one checkpoint in the published format, through `tinyk3.models.from_checkpoint`) in
-# the course's tests, `tests/test_models_k3.py`, with logits within $10^{-4}$.
+# the course's tests, `tests/test_models_k3.py`, with logits within $10^{-4}$, and with its
+# routed experts packed in MXFP4 as released (`tests/test_mxfp4.py`, where mlx-lm runs them
+# as MXFP4).
 #
-# ## Parameters: the released configuration against the announcement
+# ## Parameters: the released configuration against the published counts
 #
-# `count_parameters(presets.kimi_k3())`, against the announced 2.8T total and 104B active:
+# `count_parameters(presets.kimi_k3())`, against the published 2.8T total and 104B active (the
+# model card; the report gives "104.2B activated", as its readers quote it):
 
 # %%
 n_k3 = count_parameters(K3)
 PUBLISHED = (2.8e12, 104e9)
+emb_in = K3.vocab_size * K3.n_embd  # the input embedding: a token reads one row of it
 print(f"Kimi K3: total {n_k3.total:,} ({n_k3.total / 1e12:.4f}T, "
       f"{n_k3.total / PUBLISHED[0] - 1:+.2%} against 2.8T)")
-print(f"         active {n_k3.active:,} ({n_k3.active / 1e9:.1f}B, "
+print(f"         active {n_k3.active:,} ({n_k3.active / 1e9:.2f}B, "
       f"{n_k3.active / PUBLISHED[1] - 1:+.2%} against 104B)")
+print(f"         active without the input embedding ({emb_in / 1e9:.2f}B): "
+      f"{(n_k3.active - emb_in) / 1e9:.2f}B")
 
 # %% [markdown]
 # Where they sit, component by component, from the per-layer configurations (the rest is the
@@ -758,12 +787,17 @@ print(f"routed experts: {routed_t / n_k3.total:.1%} of all weights, "
 # %% [markdown]
 # The routed experts hold almost all the weights but less than half of what a token uses
 # (the last line); attention of both kinds, the embeddings and the shared experts make up most
-# of the rest. The counts land within about one percent of the announcement (the percentages
-# above): 2.8T and 104B are rounded headline figures, and the derived count rests on
-# assumptions, named in the docstrings of `presets.kimi_k3` and `KDAConfig`: the MLA head
-# dimensions (taken from Kimi Linear) and the rank of KDA's low-rank forget-gate projection
-# (taken to be the head dimension). Multi-token-prediction layers, if the checkpoint has any,
-# are not built, as in chapter 14.
+# of the rest. Against the published figures, the first lines of the section: 2.8T is the
+# total rounded to one decimal; and the active count without the input embedding is the
+# report's 104.2B, which rounds to the card's 104B. That is the convention chapter 14 met in
+# DeepSeek-V3's published 36.6B activated, which leaves the input embedding out (a token reads
+# one row of it, not the whole matrix, so it costs no matrix product), where `count_parameters`
+# counts every parameter a token can touch. So the one-percent gap is a difference of
+# definition, not of architecture: every value of the preset is read from the released
+# configuration. The release has no multi-token-prediction layer to leave out: K3 trained one
+# (the report, as quoted) and turned it into an EAGLE-3 draft model for speculative decoding,
+# but the released config
+# has `num_nextn_predict_layers: 0`, so neither the checkpoint nor these counts hold it.
 #
 # ## The title's number, three ways
 #
@@ -788,15 +822,16 @@ print(f"differences: {r[0] - r[1]:.1f} from GPT-2's exact count, {r[1] - r[2]:.1
 # released configuration, which is below 2.8T and lowers it further (the differences printed
 # above). All
 # three say the same thing, some twenty-two thousand GPT-2s; the last one is the one a cell can
-# reproduce from the configurations, and it inherits the assumptions named above.
+# reproduce from the two released configurations.
 #
 # ## Memory at a million tokens
 #
 # What decoding holds per sequence at K3's context of $2^{20}$ tokens, from the preset's
 # layers: each MLA layer caches one latent of $r + d_R$ values per token (chapter 13; K3's MLA
 # has no RoPE but keeps the configuration's 64 shared key channels), each KDA layer a fixed
-# state per head and its short convolutions' last inputs (chapter 12). Assuming bf16 for the
-# caches and float32 for the states:
+# state per head and its short convolutions' last inputs (chapter 12). The caches in bf16, the
+# KDA states in float32 (as in chapter 15, and as mlx-lm keeps them: a state is updated at
+# every token of the sequence, and rounding it to bf16 at each update would compound):
 
 # %%
 L_CTX = K3.block_size
@@ -839,10 +874,11 @@ NAMES = ("tiny K3", "GPT-2")
 for name in NAMES:
     n = count_parameters(build(name, 0).config)
     print(f"{name:>8s}: {n.total:,} parameters ({n.active:,} active)")
-runs = {}
+runs, trained = {}, {}
 for seed in SEEDS:
     for name in NAMES:
-        r = train_lm(build(name, seed), train_data, val_data, steps=STEPS,
+        trained[name, seed] = build(name, seed)
+        r = train_lm(trained[name, seed], train_data, val_data, steps=STEPS,
                      batch_size=BATCH, block_size=CONTEXT, lr=3e-3,
                      warmup=min(20, STEPS // 4), eval_every=max(1, STEPS // 6),
                      seed=seed, progress=False)
@@ -878,10 +914,179 @@ plt.show()
 # train, under the same loop as every model of the course. Nothing here says how K3 compares
 # with a transformer at scale.
 #
-# No published checkpoint is loaded in this chapter, not even optionally: K3 has 2.8T
-# parameters, and no small model in its format is published. `tinyk3.models.from_checkpoint`
-# reads the released format (the `text_config`, the checkpoint's own tensor names), which the
-# course's tests check at a tiny random configuration against mlx-lm.
+# ## The released checkpoint: MXFP4 experts
+#
+# The released weights are not all bf16. The report (§4.1.4, as torchtitan's
+# `models/kimi_k3/quant_scope.py` quotes it) says K3 quantises "the MoE expert weights -- which
+# dominate the model's parameter memory -- to MXFP4, with activations computed in MXFP8, while
+# all non-expert components (attention projections, latent MoE projections, shared experts,
+# and MoE routers) remain in higher precision"; the weights are trained to sit on that grid
+# (quantisation-aware training) from supervised fine-tuning on. The checkpoint stores them in
+# the `compressed-tensors` format `mxfp4-pack-quantized` (its `quantization_config`, whose
+# `ignore` list keeps everything else in bf16): per expert and matrix, `weight_packed` and
+# `weight_scale`.
+#
+# **The format.** MXFP4 (OCP Microscaling) cuts each row into groups of 32 consecutive
+# values. Each value is a 4-bit E2M1 float: a sign bit (bit 3) and three bits that pick one of
+# the magnitudes $0, 0.5, 1, 1.5, 2, 3, 4, 6$. Each group shares one 8-bit E8M0 scale $s$, a
+# pure power of two, $2^{s - 127}$. So a weight is $\pm m \cdot 2^{s-127}$, and
+# `weight_packed` holds two codes per byte, the low nibble first; `weight_scale` one byte per
+# group. One byte, by hand, against `tinyk3.mxfp4`:
+
+# %%
+byte, scale_byte = 0xB3, 126
+low, high = byte & 0x0F, byte >> 4  # the first value is the low nibble
+mags = mxfp4.E2M1_MAGNITUDES
+
+
+def decode(code, s):
+    sign = -1.0 if code & 8 else 1.0
+    return sign * mags[code & 7] * 2.0 ** (s - 127)
+
+
+mine = [decode(low, scale_byte), decode(high, scale_byte)]
+lib = mxfp4.dequantize_mxfp4(torch.tensor([[byte] * 16], dtype=torch.uint8),
+                             torch.tensor([[scale_byte]], dtype=torch.uint8))[0, :2].tolist()
+print(f"byte 0x{byte:02X}: low nibble {low:04b} -> {mine[0]}, high nibble {high:04b} -> "
+      f"{mine[1]} (scale 2^({scale_byte} - 127)); tinyk3.mxfp4: {lib}")
+
+# %% [markdown]
+# A block of 32 weights through the round trip: the scale is the largest power of two that
+# puts the group's largest magnitude in $[4, 8)$ (the OCP rule; anything above 6 is clipped to
+# 6), every value divided by it is rounded to the nearest of the 16 codes, and the decoded
+# block is compared with the original:
+
+# %%
+gen_q = torch.Generator().manual_seed(7)
+w_block = 0.02 * torch.randn(1, 32, generator=gen_q, dtype=torch.float64)
+packed, scale = mxfp4.quantize_mxfp4(w_block)
+back = mxfp4.dequantize_mxfp4(packed, scale, dtype=torch.float64)
+print(f"scale byte {scale.item()} (2^{scale.item() - 127}); the largest |w| "
+      f"{w_block.abs().max():.4f} over the scale: {w_block.abs().max() / 2.0 ** (scale.item() - 127):.2f}")
+print("first 6 weights: " + ", ".join(f"{a:+.4f}" for a in w_block[0, :6].tolist()))
+print("decoded:         " + ", ".join(f"{a:+.4f}" for a in back[0, :6].tolist()))
+print(f"distinct values in the decoded block: {back.unique().numel()} (of 15 possible)")
+
+# %% [markdown]
+# **Its error.** Relative RMS error of the round trip, $\|\hat W - W\|_F / \|W\|_F$, against
+# bf16's (an 8-bit mantissa), on Gaussian weights and on heavy-tailed ones (Student's $t$ with
+# 3 degrees of freedom: a few large weights per group, the shape trained weights tend to
+# have), for both scale rules (mlx's `no_clip` rule takes the next power of two instead, so
+# nothing is clipped but the grid is twice as coarse where the OCP rule would have clipped):
+
+# %%
+def rel_err(w, w_hat):
+    return ((w_hat - w).norm() / w.norm()).item()
+
+
+t_dist = torch.distributions.StudentT(3.0)
+torch.manual_seed(0)
+weights = {"Gaussian": torch.randn(256, 1024, dtype=torch.float64),
+           "heavy-tailed (t, 3 d.o.f.)": t_dist.sample((256, 1024)).double()}
+print(f"{'':>27s}{'bf16':>9s}{'MXFP4, OCP':>12s}{'MXFP4, no clip':>16s}")
+for name, w in weights.items():
+    errs = [rel_err(w, w.bfloat16().double())]
+    for rule in mxfp4.SCALE_RULES:
+        errs.append(rel_err(w, mxfp4.dequantize_mxfp4(*mxfp4.quantize_mxfp4(w, scale_rule=rule),
+                                                     dtype=torch.float64)))
+    RESULTS[f"MXFP4 relative error, {name}"] = errs[1]
+    print(f"{name:>27s}" + "".join(f"{e:>{w_}.4f}" for e, w_ in zip(errs, (9, 12, 16))))
+
+# %% [markdown]
+# MXFP4 loses well over an order of magnitude more than bf16 (the table), and the heavy-tailed
+# weights lose more than the Gaussian ones: a large weight sets its group's scale and leaves
+# the small ones few grid points (in the block above, the two smallest weights decoded to 0). That is what quantisation-aware training is for: a model trained
+# with its weights rounded in the forward pass learns weights that sit where the grid is,
+# rather than being rounded after the fact. How much round-to-nearest *after* training costs
+# the model trained above: its routed experts' weights (the only ones K3 stores in MXFP4)
+# rounded to MXFP4, everything else left, on the same held-out windows:
+
+# %%
+def quantise_experts(model, scale_rule="ocp"):
+    """A copy whose routed experts' weights are rounded to MXFP4 (along their input dim)."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, moe.Experts):
+                for p in (mod.gate_up_proj, mod.down_proj):
+                    packed_, scale_ = mxfp4.quantize_mxfp4(p, scale_rule=scale_rule)
+                    p.copy_(mxfp4.dequantize_mxfp4(packed_, scale_, dtype=p.dtype))
+    return m
+
+
+k3_trained = trained["tiny K3", SEEDS[0]]
+loss_before = evaluate_loss(k3_trained, val_data, BATCH, CONTEXT)
+loss_after = evaluate_loss(quantise_experts(k3_trained), val_data, BATCH, CONTEXT)
+experts = [p for mod in k3_trained.modules() if isinstance(mod, moe.Experts)
+           for p in (mod.gate_up_proj, mod.down_proj)]
+err = max(rel_err(p.detach().double(), mxfp4.dequantize_mxfp4(
+    *mxfp4.quantize_mxfp4(p.detach()), dtype=torch.float64)) for p in experts)
+print(f"routed experts: {sum(p.numel() for p in experts):,} of "
+      f"{count_parameters(k3_trained.config).total:,} weights; largest relative error of a "
+      f"matrix {err:.3f}")
+print(f"validation loss {loss_before:.4f} -> {loss_after:.4f} with MXFP4 experts "
+      f"({loss_after - loss_before:+.4f} nats per byte)")
+
+# %% [markdown]
+# The experts' weights move by about a tenth of their size, and the loss hardly moves (the
+# lines above): a token's output sums over many weights, whose rounding errors partly cancel,
+# and the experts are only part of each layer. At this size and budget that is one measurement of one
+# model, not a general bound; at K3's scale the report relies on quantisation-aware training
+# rather than on luck. What the format buys, at K3's sizes (the routed experts in MXFP4 at
+# 4 + 8/32 = 4.25 bits a weight, everything else in bf16):
+
+# %%
+routed_all = table["routed experts"][0]
+bytes_mx = routed_all * 4.25 / 8 + (n_k3.total - routed_all) * 2
+print(f"all weights in bf16: {2 * n_k3.total / 1e12:.2f} TB; routed experts in MXFP4: "
+      f"{bytes_mx / 1e12:.2f} TB ({bytes_mx / (2 * n_k3.total):.0%} of it)")
+
+# %% [markdown]
+# `tinyk3.models.from_checkpoint` reads the packed experts as released: it decodes
+# `weight_packed` and `weight_scale` (`tinyk3.mxfp4.dequantize_mxfp4`) into the dtype of the
+# checkpoint's other tensors, and slices the released `A_log`, which stores 128 entries for
+# the 96 KDA heads, to its first 96 (as mlx-lm's loader does). The course's tests check both
+# against mlx and mlx-lm (`tests/test_mxfp4.py`): our decoding equals mlx's MXFP4 bit for bit,
+# and a tiny K3 checkpoint packed as released gives mlx-lm's logits within $2 \times 10^{-4}$.
+#
+# ## A published checkpoint (optional, in Colab)
+#
+# K3 itself is 2.8T parameters. Two tiny models in its released format are public, with random
+# weights (so their continuations are noise): `yujiepan/kimi-k3-bf16-tiny-random` (17 layers
+# of width 8, 64 experts, plain bf16 experts) and `yujiepan/kimi-k3-tiny-random` (the same
+# architecture with its routed experts packed in MXFP4). In Colab the cell below downloads
+# each one's `config.json` and safetensors, loads them through `from_checkpoint`, checks the
+# parameter count against `count_parameters` and cached decoding against the full forward, and
+# generates a few token ids; anywhere else it says why it is skipped. No reference runs in
+# Colab (mlx-lm needs `mlx`, which Colab does not ship), so unlike chapters 12 to 14 there are
+# no logits to compare with.
+
+# %%
+from tinyk3.models import try_published
+from tinyk3.models.demo import CHECKPOINTS
+
+demos = {key: try_published(CHECKPOINTS[key]) for key in ("kimi_k3_bf16", "kimi_k3")}
+
+# %% [markdown]
+# ## What K3 changed in training
+#
+# The architecture is half of what is new in K3; the report's other changes are to how it was
+# trained. Those the course builds:
+#
+# - **Quantile Balancing** (§2.3.3): each router bias set to the quantile of the biases its
+#   expert would need, instead of DeepSeek-V3's step of $\pm u$; derived, checked and trained
+#   in [chapter 14](14_mixture_of_experts.ipynb) (`tinyk3.layers.moe.quantile_bias`,
+#   `moe.Balancer`).
+# - **Per-Head Muon** (§2.5): the momentum of the Q, K and V projections orthogonalised one
+#   head's block at a time, with Kimi K2's QK-Clip kept; in
+#   [chapter 16](16_muon_qk_clip.ipynb) (`tinyk3.optim.per_head_newton_schulz`,
+#   `optim.muon_param_groups`).
+# - **MXFP4 experts, MXFP8 activations** (§4.1.4), trained in from fine-tuning on; the format
+#   above, and SiTU's caps, which keep the activations' tails in range.
+#
+# And two the course describes without building: one multi-token-prediction layer trained
+# beside the model and turned into an EAGLE-3 draft for speculative decoding (not released),
+# and a context curriculum of 8K, 64K, 256K and finally 1M tokens.
 #
 # ## Exercises
 #
@@ -963,27 +1168,35 @@ ok = checks.run("kimi_k3.situ_glu", situ_glu_solution)
 # %% [markdown]
 # ## Summary
 #
-# - Kimi K3 is Kimi Linear's hybrid at larger size (93 layers: KDA in 69, NoPE MLA in 24,
-#   every fourth counted from 1 and the last), with five changes, each built here and checked
-#   against `tinyk3` (and mlx-lm where installed).
+# - Kimi K3 (technical report arXiv 2607.24653) is Kimi Linear's hybrid at larger size (93
+#   layers: KDA in 69, NoPE MLA in 24, every fourth counted from 1 and the last), with five
+#   changes, each built here and checked against `tinyk3` (and mlx-lm where installed).
 # - **Block attention residuals**: every sub-layer reads a softmax over depth of the completed
 #   block sums and the current partial sum, with RMS-normed keys against one learned vector, no
-#   $1/\sqrt{d}$, raw values; a block every 12 layers; a final read before the head. A block
-#   per layer mixes every earlier output. It does not reduce to the plain residual sum; with
-#   zero read vectors (the initialisation) it computes the plain-residual model up to the
-#   norms' $\epsilon$, at any block size, and learned read vectors move it away.
+#   $1/\sqrt{d}$, raw values; a block every 12 layers; a final read before the head. With
+#   $N = L$ blocks it mixes every earlier output; with $N = 1$ each read is a softmax of the
+#   embedding and one partial sum. At no $N$ is it the plain residual sum once the read vectors
+#   are learned; with zero read vectors (the initialisation) it computes the plain-residual
+#   model up to the norms' $\epsilon$, at any $N$.
 # - **SiTU-GLU**, $4\tanh(g/4)\sigma(g) \cdot 25\tanh(u/25)$: SiLU-GLU near zero, bounded by
-#   100 in magnitude.
+#   100 in magnitude, so that activations have no tails to break MXFP8's shared scales.
 # - **The latent MoE**: routed experts in a 3,584-wide latent, RMSNorm after the weighted sum,
 #   then back up; router and shared experts at full width. It halves the routed experts'
 #   weights and work for two projections per layer.
 # - **Gates**: a sigmoid output gate on MLA, computed from the layer's input (nothing added to
 #   the cache); KDA's decay bounded below by $-5$ per step and its output gate full rank.
-# - A tiny K3-shaped model decodes through its cache to the full forward's logits; the
-#   released configuration counts about 2.78T total and 105B active against the announced
-#   2.8T / 104B, the routed experts holding almost all of it; the title's ratio is about
-#   22,580, 22,501 or 22,336, depending on which counts are divided; at a million tokens the
-#   MLA caches dominate the decoding memory, the 69 KDA states are small beside them.
+# - A tiny K3-shaped model decodes through its cache to the full forward's logits. The
+#   released configuration counts 2.7795T total ("2.8T") and 105.4B active, 104.2B without
+#   the input embedding (the report's figure, DeepSeek-V3's convention), the routed experts
+#   holding almost all of it; the title's ratio is about 22,580, 22,501 or 22,336, depending
+#   on which counts are divided; at a million tokens the MLA caches dominate the decoding
+#   memory, the 69 KDA states are small beside them.
+# - The released routed experts are MXFP4: 4-bit E2M1 codes, two per byte, low nibble first,
+#   one E8M0 power-of-two scale per 32 weights. `from_checkpoint` decodes them (checked
+#   against mlx-lm); rounding a trained model's experts to the format after training moved its
+#   loss far less than its weights, and K3 trains on the grid from fine-tuning on.
+# - K3's training changes, Quantile Balancing and Per-Head Muon, are built in chapters 14 and
+#   16.
 # - Trained for the same steps on the course's corpus, the tiny K3 and a GPT-2 of the same
 #   total size both learn; the gaps printed in the experiment say which ended lower for each
 #   seed, at untuned, shared hyper-parameters and a slower CPU step for the tiny K3.
