@@ -388,10 +388,12 @@ print(f"MLA bytes per token {per_token:.0f} (formula, float32: {formula}); "
 #
 # The released context is $2^{20} = 1{,}048{,}576$ tokens. Against a model of the same sizes
 # with MLA in all 27 layers, the hybrid keeps a growing cache in 7 layers and a fixed state in
-# 20. bf16, two bytes a value, one sequence:
+# 20. One sequence; the caches in bf16, two bytes a value, the KDA states in float32, four (as
+# mlx-lm keeps them, and chapter 17 counts them: a state is updated at every token, and
+# rounding it to bf16 at each update would compound):
 
 # %%
-BYTES = 2  # bf16
+BYTES, STATE_BYTES = 2, 4  # bf16 caches, float32 states
 T_1M = preset.block_size
 all_mla = [mla_spec] * N_LAYER  # the same model with MLA in every layer
 
@@ -407,17 +409,18 @@ c_all, _ = state_values(all_mla, T_1M)
 c_hyb, s_hyb = state_values(preset.layer_mixers, T_1M)
 print(f"all-MLA, {N_LAYER} layers:    {c_all * BYTES / 1e9:6.2f} GB of cache")
 print(f"Kimi Linear, 7 MLA: {c_hyb * BYTES / 1e9:6.2f} GB of cache + "
-      f"{s_hyb * BYTES / 1e6:.1f} MB of KDA state (20 layers)")
+      f"{s_hyb * STATE_BYTES / 1e6:.1f} MB of KDA state (20 layers)")
 saving_cache = 1 - c_hyb / c_all
-saving_all = 1 - (c_hyb + s_hyb) / c_all
+saving_all = 1 - (c_hyb * BYTES + s_hyb * STATE_BYTES) / (c_all * BYTES)
 RESULTS["cache saving at 1M tokens (7 of 27 layers)"] = saving_cache
 print(f"cache: {saving_cache:.1%} less (1 - 7/27 = {1 - 7 / 27:.1%}); with the KDA "
       f"states counted: {saving_all:.2%} less")
-per_all, per_hyb = c_all / T_1M, c_hyb / T_1M  # cache values per token
-print(f"the KDA states weigh as much as {s_hyb / per_hyb:,.0f} tokens of the hybrid's "
+per_all, per_hyb = c_all / T_1M * BYTES, c_hyb / T_1M * BYTES  # cache bytes per token
+s_bytes = s_hyb * STATE_BYTES
+print(f"the KDA states weigh as much as {s_bytes / per_hyb:,.0f} tokens of the hybrid's "
       f"cache; the hybrid needs less than all-MLA beyond "
-      f"{s_hyb / (per_all - per_hyb):,.0f} tokens, 70% less beyond "
-      f"{s_hyb / (0.3 * per_all - per_hyb):,.0f}")
+      f"{s_bytes / (per_all - per_hyb):,.0f} tokens, 70% less beyond "
+      f"{s_bytes / (0.3 * per_all - per_hyb):,.0f}")
 
 # %% [markdown]
 # The paper's abstract says Kimi Linear reduces "KV cache usage by up to 75%" (arXiv
@@ -427,21 +430,22 @@ print(f"the KDA states weigh as much as {s_hyb / per_hyb:,.0f} tokens of the hyb
 # hardly move the percentage. At short ones they dominate: below the crossing printed last but
 # one, the hybrid holds more than the all-MLA model would, as the figure shows.
 
-# %% mystnb={"figure": {"caption": "Decoding memory of one sequence of Kimi Linear 48B (bf16) against the context length: the same model with MLA in all 27 layers, the released hybrid (7 MLA layers' cache plus the 20 KDA layers' fixed states) and the KDA states alone. The dashed line marks the released context of 1,048,576 tokens.", "name": "fig-kimi-linear-memory"}, "image": {"alt": "Log-log plot of gigabytes against context length from 16 to about a million tokens. The all-MLA line is straight and rises with the context. The KDA states are a flat line. The hybrid follows that flat line at short contexts, where it lies above the all-MLA line, crosses it near a thousand tokens, bends upward and then runs parallel to the all-MLA line, about a factor of four below it."}}
+# %% mystnb={"figure": {"caption": "Decoding memory of one sequence of Kimi Linear 48B (caches in bf16, KDA states in float32) against the context length: the same model with MLA in all 27 layers, the released hybrid (7 MLA layers' cache plus the 20 KDA layers' fixed states) and the KDA states alone. The dashed line marks the released context of 1,048,576 tokens.", "name": "fig-kimi-linear-memory"}, "image": {"alt": "Log-log plot of gigabytes against context length from 16 to about a million tokens. The all-MLA line is straight and rises with the context. The KDA states are a flat line. The hybrid follows that flat line at short contexts, where it lies above the all-MLA line, crosses it near two thousand tokens, bends upward and then runs parallel to the all-MLA line, about a factor of four below it."}}
 ctx = np.logspace(4, 20, 33, base=2)
 mem = {"all-MLA (27 layers)": [], "Kimi Linear (7 MLA + 20 KDA)": [],
        "KDA states alone": []}
 for T_ in ctx:
     c_a, _ = state_values(all_mla, int(T_))
     c_h, s_h = state_values(preset.layer_mixers, int(T_))
-    for key, values in zip(mem, (c_a, c_h + s_h, s_h)):
-        mem[key].append(values * BYTES / 1e9)
+    for key, nbytes in zip(mem, (c_a * BYTES, c_h * BYTES + s_h * STATE_BYTES,
+                                 s_h * STATE_BYTES)):
+        mem[key].append(nbytes / 1e9)
 fig, ax = plt.subplots(figsize=(6.4, 3.8))
 for (label, gb), style in zip(mem.items(), ("-", "-", ":")):
     ax.plot(ctx, gb, style, lw=2, label=label)
 ax.axvline(T_1M, color="gray", ls="--", lw=1)
 ax.set(xscale="log", yscale="log", xlabel="context (tokens)",
-       ylabel="decoding memory, GB (bf16)")
+       ylabel="decoding memory, GB")
 ax.set_xticks([2**4, 2**7, 2**10, 2**13, 2**16, 2**20],
               ["16", "128", "1K", "8K", "64K", "1M"])
 ax.minorticks_off()
@@ -594,16 +598,26 @@ plt.show()
 # two-minute budget allows.
 
 # %% [markdown]
-# ## A published checkpoint
+# ## A published checkpoint (optional, in Colab)
 #
 # Chapters 12 to 14 end with an optional Colab cell that loads a small checkpoint in the
-# published format. For Kimi Linear there is none here: the course knows of no small test model
-# of this architecture on the Hugging Face hub, and the released
-# `moonshotai/Kimi-Linear-48B-A3B-Instruct` holds about 49B parameters, some 100 GB in bf16,
-# far beyond a free Colab machine. `tinyk3.models.from_checkpoint(config, state_dict)` loads
-# that checkpoint's `config.json` (1-based layer lists included) and tensors where the memory
-# exists; the tests check it on a tiny model written in the checkpoint's format.
-#
+# published format. The released `moonshotai/Kimi-Linear-48B-A3B-Instruct` holds about 49B
+# parameters, some 100 GB in bf16, far beyond a free Colab machine, but a tiny random model in
+# its format is public: `yujiepan/kimi-linear-tiny-random` (random weights: its continuation is
+# noise). In Colab the cell below downloads its `config.json` and safetensors, loads them with
+# `tinyk3.models.from_checkpoint` (the config's 1-based layer lists and the checkpoint's own
+# tensor names included), checks the parameter count against `count_parameters` and cached
+# decoding against the full forward, and generates a few token ids; anywhere else it says why
+# it is skipped. The course's tests check the same loader offline, against `transformers`, on
+# a tiny model written in the checkpoint's format.
+
+# %%
+from tinyk3.models import try_published
+from tinyk3.models.demo import CHECKPOINTS
+
+demo = try_published(CHECKPOINTS["kimi_linear"])
+
+# %% [markdown]
 # ## Exercises
 #
 # ```{exercise} The layer pattern from the released config
