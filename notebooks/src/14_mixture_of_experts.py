@@ -724,27 +724,29 @@ print(f"about {steps_v3:,.0f} updates at the full batch; at most "
 
 # %%
 def required_biases_mine(scores, bias, top_k):
-    """r [T, E]: each token's (k+1)-th largest biased score minus each expert's score."""
+    """r [T, E]: each token's (k+1)-th largest biased score minus each expert's."""
     ranked = (scores + bias).sort(dim=-1, descending=True).values
     cutoff = ranked[:, top_k:top_k + 1]  # 0-based top_k: the (k+1)-th largest
     return cutoff - scores
 
 
 def quantile_bias_mine(scores, bias, top_k, centred=True):
-    q = torch.quantile(required_biases_mine(scores, bias, top_k), top_k / scores.shape[1],
-                       dim=0)
+    r = required_biases_mine(scores, bias, top_k)
+    q = torch.quantile(r, top_k / scores.shape[1], dim=0)  # per expert, over tokens
     return q - q.mean() if centred else q
 
 
 p64 = p_bal.double()
 b_now = torch.zeros(E_BAL, dtype=torch.float64)
-dist = max_diff(quantile_bias_mine(p64, b_now, K_BAL), moe.quantile_bias(p64, b_now, K_BAL))
+dist = max_diff(quantile_bias_mine(p64, b_now, K_BAL),
+                moe.quantile_bias(p64, b_now, K_BAL))
 RESULTS["quantile bias vs moe.quantile_bias (float64)"] = dist
 print(f"my Quantile Balancing against moe.quantile_bias: max |diff| {dist:.1e}")
 for bins in (100, 1000):
     d_h = max_diff(moe.quantile_bias(p64, b_now, K_BAL, num_bins=bins),
                    moe.quantile_bias(p64, b_now, K_BAL))
-    print(f"the {bins}-bin histogram estimate against the exact quantile: max |diff| {d_h:.1e}")
+    print(f"the {bins}-bin histogram estimate against the exact quantile: "
+          f"max |diff| {d_h:.1e}")
 
 # %% [markdown]
 # The histogram is how a training run computes it (the report's form, with 1,000 bins): each
@@ -773,9 +775,9 @@ for e in range(E_BAL):
 alone = torch.tensor(alone, dtype=torch.float64)
 over, under = load0 > target, load0 < target
 print(f"target load {target:.0f} tokens; one expert moved alone to its quantile gets "
-      f"{alone[over].min():.0f} to {alone[over].max():.0f} (the {int(over.sum())} overloaded), "
-      f"{alone[under].min():.0f} to {alone[under].max():.0f} (the {int(under.sum())} "
-      "underloaded)")
+      f"{alone[over].min():.0f} to {alone[over].max():.0f} (the {int(over.sum())} "
+      f"overloaded), {alone[under].min():.0f} to {alone[under].max():.0f} (the "
+      f"{int(under.sum())} underloaded)")
 
 
 def quantile_run(p, steps, k):
@@ -792,8 +794,9 @@ hi_q = quantile_run(p64, 8, K_BAL)
 print("busiest expert / mean load, before each quantile update: "
       + ", ".join(f"{h:.2f}" for h in hi_q))
 reach_q = next((s for s, h in enumerate(hi_q) if h < 1.2), None)
-print(f"busiest expert within 20% of the mean after {reach_q} quantile update(s); the sign "
-      f"rule took {arrival[1e-2]} updates at u = 0.01 and {arrival[1e-3]} at u = 0.001")
+print(f"busiest expert within 20% of the mean after {reach_q} quantile update(s); the "
+      f"sign rule took {arrival[1e-2]} updates at u = 0.01 and {arrival[1e-3]} at "
+      "u = 0.001")
 
 # %% [markdown]
 # An overloaded expert moved alone lands on its target (it is among the chosen of every token
@@ -821,7 +824,7 @@ D_T, E_T, K_T, H_T, N_T = 32, 16, 2, 32, 1024
 
 
 def toy_task(seed):
-    """Batches (x, y) of a skewed regression task: Zipf-frequent clusters, one map each."""
+    """Batches (x, y) of a skewed regression task: Zipf-frequent clusters."""
     g = torch.Generator().manual_seed(100 + seed)
     centres = 1.5 * torch.randn(E_T, D_T, generator=g)
     freq = 1 / torch.arange(1, E_T + 1, dtype=torch.float32)
@@ -837,7 +840,7 @@ def toy_task(seed):
 
 
 def train_router(rule, seed, steps, **kw):
-    """Per step: busiest and idlest expert over the mean load; the held-out loss at the end."""
+    """Busiest and idlest load over the mean, per step; then the held-out loss."""
     torch.manual_seed(seed)
     layer = moe.MoE(D_T, E_T, K_T, H_T)
     with torch.no_grad():
@@ -881,14 +884,15 @@ tail = max(1, TOY_STEPS // 6)
 
 
 def first_below(series, level=1.5, window=10):
-    """The first step at which the mean of the last `window` steps falls below `level`."""
+    """The first step at which the mean of the last `window` steps is below `level`."""
     means = [sum(series[max(0, i - window + 1): i + 1]) / min(window, i + 1)
              for i in range(len(series))]
     return next((i + 1 for i, m in enumerate(means) if m < level), None)
 
 
-print(f"{'':>22s}{'steps to max/mean < 1.5':>25s}{'last ' + str(tail) + ' steps: max/mean':>24s}"
-      f"{'min/mean':>10s}{'held-out MSE':>14s}")
+last_hdr = f"last {tail} steps: max/mean"
+print(f"{'':>22s}{'steps to max/mean < 1.5':>25s}{last_hdr:>24s}{'min/mean':>10s}"
+      f"{'held-out MSE':>14s}")
 for name, runs_ in toy.items():
     reach = [first_below(r["hi"]) for r in runs_]
     reach_s = ", ".join("never" if s is None else str(s) for s in reach)
@@ -900,13 +904,15 @@ for name, runs_ in toy.items():
 
 # %% mystnb={"figure": {"caption": "Balancing a router that trains: one MoE layer (16 experts, 2 per token) on a skewed regression task, trained with no balancing, DeepSeek-V3's sign rule at two speeds, an auxiliary loss at two strengths and Kimi K3's Quantile Balancing (1,000-bin histogram). Left: the busiest expert's load over the mean load, averaged over 10 steps and over the seeds (log axis). Right: the held-out loss at the end against the final busiest-expert ratio, one point per seed.", "name": "fig-moe-quantile-training"}, "image": {"alt": "Left, lines of busiest load over mean load against training steps, one per rule. Without balancing the line rises to several times the mean and stays there; the slow sign rule and the weak auxiliary loss come down part of the way; the fast sign rule, the strong auxiliary loss and the quantile rule come down to within about one and a half times the mean, the quantile rule lowest and soonest. Right, a scatter of held-out loss against final busiest ratio, one marker per seed and rule: the points of the rules that balance best sit at the left, at losses between those of the unbalanced runs and above the slow sign rule's; the strong auxiliary loss sits highest."}}
 def smooth(series, k=10):
-    return [sum(series[max(0, i - k + 1): i + 1]) / min(k, i + 1) for i in range(len(series))]
+    return [sum(series[max(0, i - k + 1): i + 1]) / min(k, i + 1)
+            for i in range(len(series))]
 
 
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.9, 3.3), layout="constrained")
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.7, 3.3), layout="constrained")
 for c, (name, runs_) in enumerate(toy.items()):
     mean_hi = [sum(v) / len(v) for v in zip(*(r["hi"] for r in runs_))]
-    ax1.plot(range(1, TOY_STEPS + 1), smooth(mean_hi), color=f"C{c}", lw=1.4, label=name)
+    ax1.plot(range(1, TOY_STEPS + 1), smooth(mean_hi), color=f"C{c}", lw=1.4,
+             label=name)
     ax2.scatter([sum(r["hi"][-tail:]) / tail for r in runs_], [r["val"] for r in runs_],
                 color=f"C{c}", s=18)
 ax1.axhline(1, color="k", lw=0.6, ls=":")
@@ -1162,7 +1168,8 @@ ok = checks.run("moe.quantile_bias", quantile_bias_exercise_mine)
 # %%
 def quantile_bias_solution(scores, bias, top_k):
     s = scores.double()
-    cutoff = (s + bias.double()).sort(dim=-1, descending=True).values[:, top_k:top_k + 1]
+    ranked = (s + bias.double()).sort(dim=-1, descending=True).values
+    cutoff = ranked[:, top_k:top_k + 1]  # the (k+1)-th largest
     q = torch.quantile(cutoff - s, top_k / s.shape[1], dim=0)  # per expert, over tokens
     return (q - q.mean()).to(scores.dtype)
 

@@ -417,8 +417,8 @@ print(f"cache: {saving_cache:.1%} less (1 - 7/27 = {1 - 7 / 27:.1%}); with the K
       f"states counted: {saving_all:.2%} less")
 per_all, per_hyb = c_all / T_1M * BYTES, c_hyb / T_1M * BYTES  # cache bytes per token
 s_bytes = s_hyb * STATE_BYTES
-print(f"the KDA states weigh as much as {s_bytes / per_hyb:,.0f} tokens of the hybrid's "
-      f"cache; the hybrid needs less than all-MLA beyond "
+print(f"the KDA states weigh as much as {s_bytes / per_hyb:,.0f} tokens of the "
+      f"hybrid's cache; the hybrid needs less than all-MLA beyond "
       f"{s_bytes / (per_all - per_hyb):,.0f} tokens, 70% less beyond "
       f"{s_bytes / (0.3 * per_all - per_hyb):,.0f}")
 

@@ -391,11 +391,13 @@ per_head = optim.per_head_newton_schulz(Gq, H_q)
 mine = torch.cat([ns_orthogonalise(block) for block in Gq.split(d_h)])  # one at a time
 dist = max_diff(per_head, mine)
 RESULTS["per-head Newton-Schulz vs a loop over heads (float64)"] = dist
-print(f"per_head_newton_schulz against my loop over the {H_q} blocks: max |diff| {dist:.1e}")
+print(f"per_head_newton_schulz against my loop over the {H_q} blocks: "
+      f"max |diff| {dist:.1e}")
 print(f"{'head':>6s}{'share of |G|²':>15s}{'full matrix: σ of the block':>30s}"
       f"{'per head: σ of the block':>27s}")
 sv_full, sv_head = [], []
-for h, (g_b, f_b, p_b) in enumerate(zip(Gq.split(d_h), full.split(d_h), per_head.split(d_h))):
+blocks = zip(Gq.split(d_h), full.split(d_h), per_head.split(d_h))
+for h, (g_b, f_b, p_b) in enumerate(blocks):
     sf, sp = torch.linalg.svdvals(f_b), torch.linalg.svdvals(p_b)
     sv_full.append(sf)
     sv_head.append(sp)
@@ -405,7 +407,8 @@ for h, (g_b, f_b, p_b) in enumerate(zip(Gq.split(d_h), full.split(d_h), per_head
 
 # %% mystnb={"figure": {"caption": "The singular values of each head's block of the orthogonalised update of one query projection (the tiny MLA model's first layer, 4 heads of 24 rows), under full-matrix Newton\u2013Schulz (left) and Per-Head Muon (right), sorted, one line per head.", "name": "fig-per-head-muon"}, "image": {"alt": "Two panels of singular value against index from 1 to 24, one line per head. Left, full matrix: each head's line falls from about one to between 0.1 and 0.15, the four heads alike. Right, per head: all four lines lie between about 0.7 and 1.2 for every index."}}
 fig, axes = plt.subplots(1, 2, figsize=(6.7, 2.9), sharey=True, layout="constrained")
-for ax, svs, title in ((axes[0], sv_full, "full matrix"), (axes[1], sv_head, "per head")):
+panels = ((axes[0], sv_full, "full matrix"), (axes[1], sv_head, "per head"))
+for ax, svs, title in panels:
     for h, sv in enumerate(svs):
         ax.plot(range(1, len(sv) + 1), sv, marker="o", ms=2, lw=1.2, label=f"head {h}")
     ax.set_title(title, fontsize=10)
@@ -594,12 +597,13 @@ print(f"MHA, τ = {tau_mha:.1f}: S_max {[round(v, 1) for v in m_before.tolist()]
 # %%
 def train(optimiser, lr, steps, tau=None, seed=0):
     """Per-step training loss and largest logit (over layers and heads, in the step's
-    forward pass); the final validation loss. optimiser: "muon", "muon per head" (Kimi K3's
-    Per-Head Muon on the Q, K and V projections) or "adamw"."""
+    forward pass); the final validation loss. optimiser: "muon", "muon per head" (Kimi
+    K3's Per-Head Muon on the Q, K and V projections) or "adamw"."""
     torch.manual_seed(seed)
     model = LM(tiny_config())
     if optimiser.startswith("muon"):
-        groups, rest = optim.muon_param_groups(model, per_head=optimiser == "muon per head")
+        per_head = optimiser == "muon per head"
+        groups, rest = optim.muon_param_groups(model, per_head=per_head)
         opts = [optim.Muon(groups, lr=lr),
                 torch.optim.AdamW(rest, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)]
     else:
@@ -697,9 +701,10 @@ for (opt, lr), r in runs_cmp.items():
           f"largest logit at the end {r['max_logit'][-1]:.1f}")
 best = {opt: min((r["val"], lr) for (o, lr), r in runs_cmp.items() if o == opt)
         for opt in OPTIMISERS}
-print("best of each: " + ", ".join(f"{opt} {v:.3f} (lr {lr:g})" for opt, (v, lr) in best.items()))
-print(f"AdamW minus Muon {best['adamw'][0] - best['muon'][0]:+.3f}, Muon minus Per-Head "
-      f"Muon {best['muon'][0] - best['muon per head'][0]:+.3f} nats per byte")
+print("best of each: " + ", ".join(f"{opt} {v:.3f} (lr {lr:g})"
+                                   for opt, (v, lr) in best.items()))
+print(f"AdamW minus Muon {best['adamw'][0] - best['muon'][0]:+.3f}, Muon minus "
+      f"Per-Head Muon {best['muon'][0] - best['muon per head'][0]:+.3f} nats per byte")
 
 # %% mystnb={"figure": {"caption": "Training loss (mean of 10 steps) of the tiny MLA model with AdamW, with Muon and with Per-Head Muon (AdamW for the embedding, head and norms in both), each at two constant learning rates, on the same batches and budget. One seed.", "name": "fig-muon-vs-adamw"}, "image": {"alt": "Six training-loss curves against training steps, Muon solid, Per-Head Muon dash-dotted and AdamW dashed, all starting near the loss of a uniform guess over bytes and falling; the validation losses printed above the figure give where each run ends."}}
 fig, ax = plt.subplots(figsize=(6.7, 3.4), layout="constrained")

@@ -409,7 +409,8 @@ READS = {"zero": zero_depth_mixes,
          "small": randomise_small,  # N(0, 0.02²) entries
          "random": randomise_depth_mixes}
 n_sources_12 = len(read_weights(LM(tiny_k3(block=12)).double().eval(), idx, 3))
-print(f"block size 12 over 5 layers (N = 1): a later layer's read has {n_sources_12} sources")
+print(f"block size 12 over 5 layers (N = 1): a later layer's read has {n_sources_12} "
+      "sources")
 print("logits, max |diff| from the plain twin, by read vectors:")
 print(f"{'':>22s}{'zero':>9s}{'small':>9s}{'random':>9s}{'zero, eps 1e-5':>16s}")
 for block in (1, 2, 12):
@@ -421,7 +422,8 @@ for block in (1, 2, 12):
             set_reads(m)
             with torch.no_grad():
                 row[what, eps] = max_diff(m(idx), plain_twin(m)(idx))
-        RESULTS[f"vs plain twin, block {block}, {what} read vectors, eps 1e-12"] = row[what, 1e-12]
+        key = f"vs plain twin, block {block}, {what} read vectors, eps 1e-12"
+        RESULTS[key] = row[what, 1e-12]
     N = math.ceil(m.config.n_layer / block)
     print(f"block size {block:2d} (N = {N})   " + "".join(
         f"{row[w, 1e-12]:9.1e}" for w in READS) + f"{row['zero', 1e-5]:16.1e}")
@@ -945,10 +947,11 @@ def decode(code, s):
 
 
 mine = [decode(low, scale_byte), decode(high, scale_byte)]
-lib = mxfp4.dequantize_mxfp4(torch.tensor([[byte] * 16], dtype=torch.uint8),
-                             torch.tensor([[scale_byte]], dtype=torch.uint8))[0, :2].tolist()
-print(f"byte 0x{byte:02X}: low nibble {low:04b} -> {mine[0]}, high nibble {high:04b} -> "
-      f"{mine[1]} (scale 2^({scale_byte} - 127)); tinyk3.mxfp4: {lib}")
+row_bytes = torch.tensor([[byte] * 16], dtype=torch.uint8)  # 32 values, one group
+lib = mxfp4.dequantize_mxfp4(row_bytes, torch.tensor([[scale_byte]], dtype=torch.uint8))
+print(f"byte 0x{byte:02X}: low nibble {low:04b} -> {mine[0]}, high nibble {high:04b} "
+      f"-> {mine[1]} (scale 2^({scale_byte} - 127)); tinyk3.mxfp4: "
+      f"{lib[0, :2].tolist()}")
 
 # %% [markdown]
 # A block of 32 weights through the round trip: the scale is the largest power of two that
@@ -961,8 +964,9 @@ gen_q = torch.Generator().manual_seed(7)
 w_block = 0.02 * torch.randn(1, 32, generator=gen_q, dtype=torch.float64)
 packed, scale = mxfp4.quantize_mxfp4(w_block)
 back = mxfp4.dequantize_mxfp4(packed, scale, dtype=torch.float64)
-print(f"scale byte {scale.item()} (2^{scale.item() - 127}); the largest |w| "
-      f"{w_block.abs().max():.4f} over the scale: {w_block.abs().max() / 2.0 ** (scale.item() - 127):.2f}")
+top = w_block.abs().max().item()
+print(f"scale byte {scale.item()} (2^{scale.item() - 127}); the largest |w| {top:.4f} "
+      f"over the scale: {top / 2.0 ** (scale.item() - 127):.2f}")
 print("first 6 weights: " + ", ".join(f"{a:+.4f}" for a in w_block[0, :6].tolist()))
 print("decoded:         " + ", ".join(f"{a:+.4f}" for a in back[0, :6].tolist()))
 print(f"distinct values in the decoded block: {back.unique().numel()} (of 15 possible)")
@@ -987,7 +991,8 @@ print(f"{'':>27s}{'bf16':>9s}{'MXFP4, OCP':>12s}{'MXFP4, no clip':>16s}")
 for name, w in weights.items():
     errs = [rel_err(w, w.bfloat16().double())]
     for rule in mxfp4.SCALE_RULES:
-        errs.append(rel_err(w, mxfp4.dequantize_mxfp4(*mxfp4.quantize_mxfp4(w, scale_rule=rule),
+        packed_w, scale_w = mxfp4.quantize_mxfp4(w, scale_rule=rule)
+        errs.append(rel_err(w, mxfp4.dequantize_mxfp4(packed_w, scale_w,
                                                      dtype=torch.float64)))
     RESULTS[f"MXFP4 relative error, {name}"] = errs[1]
     print(f"{name:>27s}" + "".join(f"{e:>{w_}.4f}" for e, w_ in zip(errs, (9, 12, 16))))
@@ -1003,7 +1008,7 @@ for name, w in weights.items():
 
 # %%
 def quantise_experts(model, scale_rule="ocp"):
-    """A copy whose routed experts' weights are rounded to MXFP4 (along their input dim)."""
+    """A copy whose routed experts' weights are rounded to MXFP4 (along the input)."""
     m = copy.deepcopy(model)
     with torch.no_grad():
         for mod in m.modules():
@@ -1022,8 +1027,8 @@ experts = [p for mod in k3_trained.modules() if isinstance(mod, moe.Experts)
 err = max(rel_err(p.detach().double(), mxfp4.dequantize_mxfp4(
     *mxfp4.quantize_mxfp4(p.detach()), dtype=torch.float64)) for p in experts)
 print(f"routed experts: {sum(p.numel() for p in experts):,} of "
-      f"{count_parameters(k3_trained.config).total:,} weights; largest relative error of a "
-      f"matrix {err:.3f}")
+      f"{count_parameters(k3_trained.config).total:,} weights; largest relative error "
+      f"of a matrix {err:.3f}")
 print(f"validation loss {loss_before:.4f} -> {loss_after:.4f} with MXFP4 experts "
       f"({loss_after - loss_before:+.4f} nats per byte)")
 
