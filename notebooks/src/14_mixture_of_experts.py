@@ -696,29 +696,29 @@ print(f"about {steps_v3:,.0f} updates at the full batch; at most "
 #
 # **The math.** Token $t$ ranks the biased scores $p_{t,i} + b_i$ and keeps the top $K_r$. Call
 # its *cutoff* $c_t$ the $(K_r{+}1)$-th largest biased score: the best expert it did not choose.
-# An expert $e$ that the token chose stays chosen as long as $p_{t,e} + b_e > c_t$, that is as
+# An expert $i$ that the token chose stays chosen as long as $p_{t,i} + b_i > c_t$, that is as
 # long as
 #
 # $$
-# b_e > r_{t,e} := c_t - p_{t,e} ,
+# b_i > r_{t,i} := c_t - p_{t,i} ,
 # $$
 #
-# the *required bias* of expert $e$ for token $t$. So, with the other biases where they are, the
-# load of expert $e$ as a function of its own bias is $\ell_e(b_e) = \#\{t : r_{t,e} < b_e\}$, a
-# staircase rising from 0 to $T$. The balanced load is $T K_r / N_r$, a fraction $K_r / N_r$ of
-# the tokens, and the bias that gives it is the $K_r/N_r$ quantile of the expert's $T$ required
+# the *required bias* of expert $i$ for token $t$. So, with the other biases where they are, the
+# load of expert $i$ as a function of its own bias is $\ell_i(b_i) = \#\{t : r_{t,i} < b_i\}$, a
+# staircase rising from 0 to $N$ (the batch's tokens). The balanced load is $N K_r / N_r$, a fraction $K_r / N_r$ of
+# the tokens, and the bias that gives it is the $K_r/N_r$ quantile of the expert's $N$ required
 # biases. The rule sets every bias there at once, then subtracts the mean over experts (only
 # differences of biases change a selection):
 #
 # $$
-# b_e \leftarrow Q_{K_r/N_r}\big(\{r_{t,e}\}_{t=1}^{T}\big)
-#   - \frac{1}{N_r} \sum_{e'} Q_{K_r/N_r}\big(\{r_{t,e'}\}_t\big) .
+# b_i \leftarrow Q_{K_r/N_r}\big(\{r_{t,i}\}_{t=1}^{N}\big)
+#   - \frac{1}{N_r} \sum_{j} Q_{K_r/N_r}\big(\{r_{t,j}\}_t\big) .
 # $$
 #
 # Two things keep one update from landing exactly on balance, so the rule is iterated: every
-# bias moves at once, which moves the cutoffs; and for a token that did *not* choose $e$, the
-# bar $e$ must clear is the $K_r$-th largest biased score of the other experts, which is above
-# $c_t$ (unless $e$ was the $(K_r{+}1)$-th itself). The required bias of an underloaded expert is
+# bias moves at once, which moves the cutoffs; and for a token that did *not* choose $i$, the
+# bar $i$ must clear is the $K_r$-th largest biased score of the other experts, which is above
+# $c_t$ (unless $i$ was the $(K_r{+}1)$-th itself). The required bias of an underloaded expert is
 # therefore underestimated, and one update leaves it somewhat short of its target: measured
 # below. Code, from scratch and against `moe.quantile_bias`:
 
@@ -758,7 +758,7 @@ for bins in (100, 1000):
 #
 # **What one update does.** On the skewed router of the sign-rule experiment: first each
 # expert's bias moved alone to its (uncentred) quantile, the others held at zero, so that its
-# load should be the target $T K_r / N_r$; then the whole rule, step by step, against the sign
+# load should be the target $N K_r / N_r$; then the whole rule, step by step, against the sign
 # rule:
 
 # %%

@@ -930,8 +930,9 @@ plt.show()
 #
 # **The format.** MXFP4 (OCP Microscaling) cuts each row into groups of 32 consecutive
 # values. Each value is a 4-bit E2M1 float: a sign bit (bit 3) and three bits that pick one of
-# the magnitudes $0, 0.5, 1, 1.5, 2, 3, 4, 6$. Each group shares one 8-bit E8M0 scale $s$, a
-# pure power of two, $2^{s - 127}$. So a weight is $\pm m \cdot 2^{s-127}$, and
+# the magnitudes $0, 0.5, 1, 1.5, 2, 3, 4, 6$. Each group shares one 8-bit E8M0 scale byte
+# $x$, standing for a pure power of two, $2^{x - 127}$. So a weight is one of those signed
+# magnitudes times $2^{x-127}$, and
 # `weight_packed` holds two codes per byte, the low nibble first; `weight_scale` one byte per
 # group. One byte, by hand, against `tinyk3.mxfp4`:
 
