@@ -44,6 +44,16 @@ def _download_allowed() -> bool:
     return in_colab() or os.environ.get("TINYK3_ALLOW_DOWNLOAD") == "1"
 
 
+def _skipped(repo_id: str, allow_download: bool | None) -> bool:
+    """Whether the cell skips its download (``None``: decided by the environment); says why."""
+    if allow_download is None:
+        allow_download = _download_allowed()
+    if not allow_download:
+        print(f"Skipped: this cell downloads {repo_id} from the Hugging Face hub, which runs "
+              "only in Colab or with TINYK3_ALLOW_DOWNLOAD=1 (this run is offline).")
+    return not allow_download
+
+
 def _load_hf(repo_id: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -67,11 +77,7 @@ def try_checkpoint(repo_id: str, prompt: str = "The capital of France is",
     ``allow_download``: ``None`` decides by the environment (Colab, or
     ``TINYK3_ALLOW_DOWNLOAD=1``). ``loader(repo_id) -> (tokenizer, model)`` is replaceable (the
     tests pass a model built offline)."""
-    if allow_download is None:
-        allow_download = _download_allowed()
-    if not allow_download:
-        print(f"Skipped: this cell downloads {repo_id} from the Hugging Face hub, which runs "
-              "only in Colab or with TINYK3_ALLOW_DOWNLOAD=1 (this run is offline).")
+    if _skipped(repo_id, allow_download):
         return None
     try:
         tokenizer, hf_model = loader(repo_id)
@@ -121,11 +127,7 @@ def try_published(repo_id: str, n_tokens: int = 12, *, allow_download: bool | No
     from .count import count_parameters
     from .hf import from_checkpoint
 
-    if allow_download is None:
-        allow_download = _download_allowed()
-    if not allow_download:
-        print(f"Skipped: this cell downloads {repo_id} from the Hugging Face hub, which runs "
-              "only in Colab or with TINYK3_ALLOW_DOWNLOAD=1 (this run is offline).")
+    if _skipped(repo_id, allow_download):
         return None
     try:
         config, state_dict = loader(repo_id)
