@@ -126,7 +126,8 @@ def assert_two_named_wrong_answers(chapter, expected_ids, realistic):
 
 def import_without_fla(name: str):
     """:func:`tinyk3.util.import_without_fla` (transformers' module ``name`` with fla and
-    causal_conv1d hidden: TOOLING.md), skipping the test if ``transformers`` lacks it."""
+    causal_conv1d hidden: with fla installed, transformers binds its Triton kernels on import, which
+    fail on CPU), skipping the test if ``transformers`` lacks it."""
     try:
         return util.import_without_fla(name)
     except ImportError as e:  # pragma: no cover - an older transformers

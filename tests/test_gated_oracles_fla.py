@@ -3,7 +3,7 @@
 ``naive_chunk_gated_delta_rule``; ``fla/ops/kda/naive.py``: ``naive_recurrent_kda`` and
 ``naive_chunk_kda``) against our token loops and chunked forms.
 
-Traps (TOOLING.md, FACTS.md), handled here: fla's layout is ``[B, T, H, D]``; it scales q by
+Traps, handled here: fla's layout is ``[B, T, H, D]``; it scales q by
 ``Dk^-0.5`` unless ``scale`` is given (we pass ``scale=1.0``); its recurrent GDN takes
 ``beta, g`` and its chunked GDN ``g, beta``; ``naive_chunk_kda`` needs T divisible by the chunk.
 Its states are ``[B, H, Dk, Dv]`` like ours. fla computes in float32: the tolerance is float32's

@@ -3,7 +3,7 @@ fall back to without fla (``torch_chunk_gated_delta_rule``, ``torch_recurrent_ga
 in ``models/qwen3_next``; ``chunk_kimi_delta_attention``, ``recurrent_kimi_delta_attention`` in
 ``models/kimi_linear``), against our loops and chunked forms.
 
-Traps (TOOLING.md), handled here: layout ``[B, T, H, D]``; q is scaled by ``Dk^-0.5`` inside
+Traps, handled here: layout ``[B, T, H, D]``; q is scaled by ``Dk^-0.5`` inside
 (we pass ``q · √Dk``); ``g, beta`` in that order; with fla installed, the modelling modules bind
 fla's Triton kernels when imported, so fla and causal_conv1d are hidden while they are imported
 (and restored afterwards). Computed in float32: tolerance 1e-5 relative (measured ≤ 6e-6).

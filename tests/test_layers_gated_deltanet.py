@@ -3,7 +3,8 @@
 Oracle: ``transformers``' ``Qwen3NextGatedDeltaNet`` (``models/qwen3_next``) at tiny random
 configurations with the same weights, with more value heads than key heads and ``Dv ≠ Dk`` so
 that the per-key-head grouping of ``in_proj_qkvz`` / ``in_proj_ba`` matters. fla and
-causal_conv1d are hidden while the modelling module is imported (TOOLING.md).
+causal_conv1d are hidden while the modelling module is imported (with fla installed,
+transformers binds its Triton kernels, which fail on CPU).
 """
 
 from __future__ import annotations

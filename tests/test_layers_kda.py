@@ -4,8 +4,8 @@ Oracles: ``transformers``' ``KimiLinearDeltaAttention`` (``models/kimi_linear``)
 random configuration with the same weights (Kimi Linear's form: softplus gate, low-rank output
 gate, no GVA); and, for what ``transformers`` does not have (Kimi K3's lower-bound gate and
 full-rank output gate, grouped value heads), a token loop written here from the equations, in
-float64. fla and causal_conv1d are hidden while the modelling module is imported (TOOLING.md:
-with fla installed, transformers binds its Triton kernels, which fail on CPU).
+float64. fla and causal_conv1d are hidden while the modelling module is imported (with fla
+installed, transformers binds its Triton kernels, which fail on CPU).
 """
 
 from __future__ import annotations
@@ -311,7 +311,7 @@ def test_parameter_count_formula(fields, d_model):
 
 def test_registered_and_sizes_of_the_released_models():
     """Kimi Linear 48B (d = 2304, 32 heads of 128) and Kimi K3 (d = 7168, 96 heads of 128, the
-    K3 gates), FACTS.md: the formula against a layer built on the meta device (no memory)."""
+    K3 gates; their released configs): the formula against a layer built on the meta device (no memory)."""
     assert MIXER_CONFIGS["kda"] is KDAConfig and MIXERS["kda"] is KimiDeltaAttention
     kimi = KDAConfig(n_head=32, head_dim=128)
     k3 = KDAConfig(n_head=96, head_dim=128, gate="lower_bound", output_gate="full")

@@ -1,6 +1,6 @@
 """Kimi K3's layers (chapter 17) against an independent implementation: ``mlx-lm``'s
-``models/kimi_k3.py`` on ``mlx[cpu]`` (pinned in the CI environment only; TOOLING.md), at tiny
-random configurations with the same weights.
+``models/kimi_k3.py`` on ``mlx[cpu]`` (pinned in the CI environment only, installed without
+its dependencies), at tiny random configurations with the same weights.
 
 Covered here: the KDA layer with the lower-bound gate and the full-rank output gate, the gated
 NoPE MLA layer, the SiTU-GLU feed-forward and the latent mixture of experts (experts in a

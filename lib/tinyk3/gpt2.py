@@ -18,9 +18,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._validate import is_int
-from .attention import causal_attention_sdpa
 from .kv_cache import KVCache
 from .layers import SoftmaxAttention
+from .ops.attention import causal_attention_sdpa, causal_mask
 
 __all__ = ["GPTConfig", "GPT", "count_parameters", "attention_maps", "init_gpt2_weights"]
 
@@ -326,6 +326,6 @@ def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
         q = q.view(B, T, H, d // H).transpose(1, 2)  # [B, H, T, D]
         k = k.view(B, T, H, d // H).transpose(1, 2)  # [B, H, T, D]
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(d // H)  # [B, H, T, T]
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        maps.append(scores.masked_fill(mask, float("-inf")).softmax(dim=-1))
+        maps.append(scores.masked_fill(~causal_mask(T, T, device=x.device), float("-inf"))
+                    .softmax(dim=-1))
     return torch.stack(maps)  # [L, B, H, T, T]

@@ -48,6 +48,7 @@ import torch
 import torch.nn as nn
 
 from ._validate import nonnegative_int, positive_int
+from .ops.attention import causal_mask
 
 __all__ = [
     "NS_COEFFICIENTS", "newton_schulz", "per_head_newton_schulz", "muon_lr_scale", "Muon",
@@ -379,8 +380,7 @@ def max_logits_per_head(q: torch.Tensor, k: torch.Tensor, scale: float | None = 
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     logits = (q.to(dt) @ k.to(dt).transpose(-1, -2)) * scale  # [B, H, T, S]
     if causal:
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        logits = logits.masked_fill(~mask, float("-inf"))
+        logits = logits.masked_fill(~causal_mask(T, S, device=q.device), float("-inf"))
     return logits.amax(dim=(0, 2, 3))
 
 

@@ -82,8 +82,8 @@ from __future__ import annotations
 
 import torch
 
+from .._validate import check_beta, check_qkv, check_state
 from ..ops import delta_rule as _ops_delta_rule
-from ..ops._checks import check_beta, check_qkv, check_state
 from . import runtime
 from .runtime import AVAILABLE, KernelSet, require_triton, tile_size, to_operand  # noqa: F401
 

@@ -77,10 +77,10 @@ from __future__ import annotations
 
 import torch
 
+from .._validate import check_beta, check_gate, check_qkv, check_state
 from ..gates import LOWER_BOUND
 from ..ops import gated_delta_rule as _ops_gdn
 from ..ops import kda as _ops_kda
-from ..ops._checks import check_beta, check_gate, check_qkv, check_state
 from . import runtime
 from .delta_rule import CHUNK_SIZES, INPUT_PRECISIONS, MAX_HEAD_DIM, OPERANDS
 from .delta_rule import launch_config as _delta_rule_launch_config

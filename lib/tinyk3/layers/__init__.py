@@ -60,7 +60,10 @@ modules add the projections and the per-head feature maps.
 
 from __future__ import annotations
 
-from .base import ConvState, Mixer, state_nbytes
+# The module tinyk3.layers.rope (a re-export kept for the chapters) is loaded first, so that the
+# name `rope` below stays the function and is not replaced by the module on a later import.
+from . import rope as _rope_module  # noqa: F401
+from .base import ConvState, KVState, Mixer, state_nbytes
 from .conv import ShortConvolution
 from .deltanet import DeltaNet, DeltaNetConfig, DeltaState
 from .gated_attention import GatedAttention, GatedAttentionConfig
@@ -70,19 +73,20 @@ from .linear import LinearAttention, LinearAttentionConfig, LinearState
 from .mla import LatentState, MLAConfig, MultiHeadLatentAttention
 from .mlp import MLP, GeluMLPConfig
 from .moe import MoE, MoEConfig, SwiGLU, SwiGLUConfig
+from .parts import GatedRMSNorm, RMSNorm, l2_normalize, rope
 from .registry import (
     MIXER_CONFIGS,
     MIXERS,
     MLP_CONFIGS,
     MLPS,
+    HeadsSpec,
     MixerSpec,
     MLPSpec,
     mixer_config,
     register_mixer,
     register_mlp,
 )
-from .rope import RMSNorm, rope
-from .softmax import KVState, SoftmaxAttention, SoftmaxAttentionConfig
+from .softmax import SoftmaxAttention, SoftmaxAttentionConfig
 
 __all__ = [
     "Mixer", "SoftmaxAttention", "LinearAttention", "DeltaNet", "ShortConvolution", "MLP",
@@ -94,4 +98,5 @@ __all__ = [
     "GatedDeltaNet", "GatedDeltaNetConfig", "GatedDeltaState",
     "MultiHeadLatentAttention", "MLAConfig", "LatentState", "GatedAttention",
     "GatedAttentionConfig", "MoE", "MoEConfig", "SwiGLU", "SwiGLUConfig", "RMSNorm", "rope",
+    "GatedRMSNorm", "l2_normalize", "HeadsSpec",
 ]

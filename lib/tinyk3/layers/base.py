@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from .._validate import nonnegative_int, positive_int
 from .conv import ShortConvolution, init_jointly_, short_convolutions
 
-__all__ = ["Mixer", "ConvState", "state_nbytes"]
+__all__ = ["Mixer", "ConvState", "KVState", "state_nbytes", "check_recurrent_state"]
 
 
 def state_nbytes(state) -> int:
@@ -37,6 +37,35 @@ class ConvState(NamedTuple):
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
+
+
+class KVState(NamedTuple):
+    """A softmax attention layer's state (SoftmaxAttention, GatedAttention): every past
+    token's keys and values, each ``[B, H, T_seen, D]`` (the KV cache), and the convolution
+    state (``None`` without one)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    conv: ConvState | None = None
+
+
+def check_recurrent_state(state, cls: type, S_shape: tuple, x: torch.Tensor, name: str):
+    """``(S, conv)`` of a state this layer returned (``None``: a new sequence), else a clear error."""
+    if state is None:
+        return None, None
+    if not isinstance(state, cls):
+        raise TypeError(f"{name}: the state must be the {cls.__name__} this layer returned, "
+                        f"got {type(state).__name__}")
+    S, conv = state.S, state.conv
+    if not isinstance(S, torch.Tensor) or tuple(S.shape) != tuple(S_shape):
+        raise ValueError(f"{name}: state.S must be [B, HV, Dk, Dv] = {list(S_shape)}, got "
+                         f"{list(getattr(S, 'shape', [])) or type(S).__name__}")
+    if S.device != x.device:
+        raise ValueError(f"{name}: state.S is on {S.device}, x on {x.device}")
+    if not isinstance(conv, ConvState):
+        raise TypeError(f"{name}: state.conv must be the ConvState this layer returned, "
+                        f"got {type(conv).__name__}")
+    return S, conv
 
 
 class Mixer(nn.Module):

@@ -22,12 +22,11 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from .._validate import positive_int
-from .kda import check_input
-from .mla import causal_softmax
+from .._validate import check_mixer_input, positive_int
+from ..ops.attention import causal_softmax
+from .base import KVState
+from .parts import RMSNorm, rope
 from .registry import MixerSpec, register_mixer
-from .rope import RMSNorm, rope
-from .softmax import KVState
 
 __all__ = ["GatedAttention", "GatedAttentionConfig"]
 
@@ -68,7 +67,7 @@ class GatedAttention(nn.Module):
         return torch.cat([rot, x[..., self.rotary_dim:]], dim=-1)
 
     def forward(self, x: torch.Tensor, state: KVState | None = None):
-        check_input(x, self.d_model, "GatedAttention")
+        check_mixer_input(x, self.d_model, "GatedAttention")
         B, T, _ = x.shape
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         start = 0

@@ -37,13 +37,13 @@ from typing import ClassVar, NamedTuple
 import torch
 import torch.nn as nn
 
-from .._validate import positive_int
+from .._validate import check_mixer_input, positive_int
 from ..gates import init_A_log, init_dt_bias, softplus_gate
 from ..ops import gated_delta_rule
-from .base import ConvState
+from .base import ConvState, check_recurrent_state
 from .conv import ShortConvolution
-from .kda import GatedRMSNorm, HeadsSpec, check_input, check_recurrent_state, l2_normalize
-from .registry import register_mixer
+from .parts import GatedRMSNorm, l2_normalize
+from .registry import HeadsSpec, register_mixer
 
 __all__ = ["GatedDeltaNet", "GatedDeltaNetConfig", "GatedDeltaState"]
 
@@ -101,7 +101,7 @@ class GatedDeltaNet(nn.Module):
         """``x [B, T, d]`` and the state returned by the previous call (``None`` to start) →
         ``(y [B, T, d], new_state)``. The state passed in is not modified."""
         name = type(self).__name__
-        check_input(x, self.d_model, name)
+        check_mixer_input(x, self.d_model, name)
         B, T, _ = x.shape
         Hk, Hv, Dk, Dv = self.n_head, self.n_v_head, self.head_dim, self.v_head_dim
         S0, conv_state = check_recurrent_state(state, GatedDeltaState, (B, Hv, Dk, Dv), x, name)

@@ -39,96 +39,19 @@ from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from .._validate import positive_int
+from .._validate import check_mixer_input, positive_int
 from ..gates import LOWER_BOUND, init_A_log, init_dt_bias, lower_bound_gate, softplus_gate
 from ..ops import kda
-from .base import ConvState
+from .base import ConvState, check_recurrent_state
 from .conv import ShortConvolution, init_jointly_, short_convolutions
-from .registry import MixerSpec, register_mixer
+from .parts import GatedRMSNorm, l2_normalize
+from .registry import HeadsSpec, register_mixer
 
 __all__ = ["KimiDeltaAttention", "KDAConfig", "KDAState", "GatedRMSNorm", "l2_normalize"]
 
 GATES = ("softplus", "lower_bound")
 OUTPUT_GATES = ("low_rank", "full")
-L2_EPS = 1e-6  # fla's l2norm (and transformers' copies of it)
-
-
-def _work_dtype(x: torch.Tensor) -> torch.dtype:
-    """float32 for half-precision inputs, else the input's own dtype (as the fused kernels do)."""
-    return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
-
-
-def l2_normalize(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
-    """``x / √(Σ x² + eps)`` over the last dimension, fla's ``l2norm`` (``F.normalize`` takes
-    ``max(‖x‖, eps)`` instead: the two differ by ``O(eps/‖x‖²)``). Computed in float32 at least."""
-    w = x.to(_work_dtype(x))
-    return (w * torch.rsqrt((w * w).sum(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-class GatedRMSNorm(nn.Module):
-    """``weight ⊙ x / rms(x) ⊙ act(gate)`` over the last dimension (one head), ``rms(x) =
-    √(mean(x²) + eps)``; ``act`` is ``"sigmoid"`` (Kimi Linear's ``o_norm``) or ``"silu"``
-    (Qwen3-Next's ``norm``). The weight starts at ones and multiplies as is (not ``1 + w``):
-    ``transformers``' ``KimiLinearRMSNormGated`` and ``Qwen3NextRMSNormGated``. Computed in float32
-    at least, returned in ``x``'s dtype."""
-
-    _ACTS = {"sigmoid": torch.sigmoid, "silu": F.silu}
-
-    def __init__(self, dim: int, eps: float = 1e-6, activation: str = "sigmoid"):
-        super().__init__()
-        self.dim = positive_int(dim, "dim", "GatedRMSNorm")
-        if activation not in self._ACTS:
-            raise ValueError(f"GatedRMSNorm: activation must be one of {sorted(self._ACTS)}, "
-                             f"got {activation!r}")
-        if not eps > 0:
-            raise ValueError(f"GatedRMSNorm: eps must be positive, got {eps!r}")
-        self.eps, self.activation = float(eps), activation
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        if x.shape != gate.shape or x.shape[-1] != self.dim:
-            raise ValueError(f"GatedRMSNorm: x and gate must share a shape [..., {self.dim}], got "
-                             f"{tuple(x.shape)} and {tuple(gate.shape)}")
-        dt = _work_dtype(x)
-        w = x.to(dt)
-        y = w * torch.rsqrt(w.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.to(dt)
-        return (y * self._ACTS[self.activation](gate.to(dt))).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}, activation={self.activation!r}"
-
-
-def check_input(x, d_model: int, name: str) -> None:
-    """``x``: a float tensor ``[B, T, d_model]`` with ``T ≥ 1``, else a clear error."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: x must be a torch.Tensor [B, T, d], got {type(x).__name__}")
-    if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"{name}: x must have shape [B, T, d={d_model}], got {tuple(x.shape)}")
-    if x.shape[1] == 0:
-        raise ValueError(f"{name}: x has no tokens (T = 0)")
-    if not x.is_floating_point():
-        raise TypeError(f"{name}: x must be a floating-point tensor, got {x.dtype}")
-
-
-def check_recurrent_state(state, cls: type, S_shape: tuple, x: torch.Tensor, name: str):
-    """``(S, conv)`` of a state this layer returned (``None``: a new sequence), else a clear error."""
-    if state is None:
-        return None, None
-    if not isinstance(state, cls):
-        raise TypeError(f"{name}: the state must be the {cls.__name__} this layer returned, "
-                        f"got {type(state).__name__}")
-    S, conv = state.S, state.conv
-    if not isinstance(S, torch.Tensor) or tuple(S.shape) != tuple(S_shape):
-        raise ValueError(f"{name}: state.S must be [B, HV, Dk, Dv] = {list(S_shape)}, got "
-                         f"{list(getattr(S, 'shape', [])) or type(S).__name__}")
-    if S.device != x.device:
-        raise ValueError(f"{name}: state.S is on {S.device}, x on {x.device}")
-    if not isinstance(conv, ConvState):
-        raise TypeError(f"{name}: state.conv must be the ConvState this layer returned, "
-                        f"got {type(conv).__name__}")
-    return S, conv
 
 
 class KimiDeltaAttention(nn.Module):
@@ -243,7 +166,7 @@ class KimiDeltaAttention(nn.Module):
         """``x [B, T, d]`` and the state returned by the previous call (``None`` to start) →
         ``(y [B, T, d], new_state)``. The state passed in is not modified."""
         name = type(self).__name__
-        check_input(x, self.d_model, name)
+        check_mixer_input(x, self.d_model, name)
         B, T, _ = x.shape
         H, HV, Dk, Dv = self.n_head, self.n_v_head, self.head_dim, self.v_head_dim
         S0, conv_state = check_recurrent_state(state, KDAState, (B, HV, Dk, Dv), x, name)
@@ -335,39 +258,6 @@ class KDAState(NamedTuple):
 
 
 KimiDeltaAttention.State = KDAState
-
-
-class HeadsSpec(MixerSpec):
-    """What the configurations of the linear layers of Part IV share (:class:`KDAConfig`,
-    :class:`tinyk3.layers.gated_deltanet.GatedDeltaNetConfig`): ``n_head`` key heads of
-    ``head_dim``, ``n_v_head`` value heads of ``v_head_dim`` (0: as many, as wide), a short
-    convolution (``conv_size ≥ 1``) and an output norm's ``norm_eps``. Not a dataclass itself:
-    each subclass declares the fields."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        name = type(self).__name__
-        if self.conv_size < 1:
-            raise ValueError(f"{name}: conv_size must be >= 1 (this layer always has a short "
-                             f"convolution; 4 taps), got {self.conv_size}")
-        if self.value_heads % self.n_head:
-            raise ValueError(f"{name}: n_v_head ({self.n_v_head}) must be a multiple of n_head "
-                             f"({self.n_head}) (each key head serves n_v_head/n_head value heads)")
-        if isinstance(self.norm_eps, bool) or not (isinstance(self.norm_eps, (int, float))
-                                                    and self.norm_eps > 0):
-            raise ValueError(f"{name}: norm_eps must be a positive number, got {self.norm_eps!r}")
-
-    @property
-    def value_heads(self) -> int:
-        return self.n_v_head or self.n_head
-
-    @property
-    def value_dim(self) -> int:
-        return self.v_head_dim or self.head_dim
-
-    def check(self, d_model: int) -> None:
-        """Any ``d_model`` works: the heads' widths are set by ``head_dim``, not by ``d_model``."""
-        positive_int(d_model, "d_model", type(self).__name__)
 
 
 @register_mixer

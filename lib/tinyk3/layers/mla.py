@@ -36,10 +36,10 @@ from typing import ClassVar, NamedTuple
 import torch
 import torch.nn as nn
 
-from .._validate import nonnegative_int, positive_int
-from .kda import check_input
+from .._validate import check_mixer_input, nonnegative_int, positive_int
+from ..ops.attention import causal_softmax
+from .parts import RMSNorm, rope
 from .registry import MixerSpec, register_mixer
-from .rope import RMSNorm, rope
 
 __all__ = ["MultiHeadLatentAttention", "MLAConfig", "LatentState", "causal_softmax"]
 
@@ -52,16 +52,6 @@ class LatentState(NamedTuple):
 
     c: torch.Tensor
     k_rope: torch.Tensor
-
-
-def causal_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dimension of ``scores [..., T, S]`` with the bottom-right causal mask
-    (query ``i`` is token ``S − T + i`` and sees keys ``0 … S − T + i``), in float32 at least."""
-    T, S = scores.shape[-2:]
-    mask = torch.ones(T, S, dtype=torch.bool, device=scores.device).tril(S - T)
-    dt = scores.dtype if scores.dtype == torch.float64 else torch.float32
-    p = scores.to(dt).masked_fill(~mask, float("-inf")).softmax(-1)
-    return p.to(scores.dtype)
 
 
 class MultiHeadLatentAttention(nn.Module):
@@ -181,7 +171,7 @@ class MultiHeadLatentAttention(nn.Module):
     # -- the layer ----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, state: LatentState | None = None):
         """``x [B, T, d]`` and the previous state → ``(y [B, T, d], LatentState)``."""
-        check_input(x, self.d_model, "MultiHeadLatentAttention")
+        check_mixer_input(x, self.d_model, "MultiHeadLatentAttention")
         start = 0
         if state is not None:
             self._check_state(state, x)

@@ -30,8 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._validate import nonnegative_int, positive_int
+from .parts import RMSNorm
 from .registry import MLPSpec, register_mlp
-from .rope import RMSNorm
 
 __all__ = ["SwiGLU", "SwiGLUConfig", "Router", "Experts", "MoE", "MoEConfig", "route",
            "experts_loop", "experts_batched", "expert_load", "update_bias", "quantile_bias",

@@ -106,3 +106,36 @@ def mixer_config(kind: str, **fields):
     if kind not in MIXER_CONFIGS:
         raise ValueError(f"unknown mixer {kind!r}; choose one of {sorted(MIXER_CONFIGS)}")
     return MIXER_CONFIGS[kind](**fields)
+
+
+class HeadsSpec(MixerSpec):
+    """What the configurations of the linear layers of Part IV share (:class:`~tinyk3.layers.KDAConfig`,
+    :class:`~tinyk3.layers.GatedDeltaNetConfig`): ``n_head`` key heads of
+    ``head_dim``, ``n_v_head`` value heads of ``v_head_dim`` (0: as many, as wide), a short
+    convolution (``conv_size ≥ 1``) and an output norm's ``norm_eps``. Not a dataclass itself:
+    each subclass declares the fields."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        if self.conv_size < 1:
+            raise ValueError(f"{name}: conv_size must be >= 1 (this layer always has a short "
+                             f"convolution; 4 taps), got {self.conv_size}")
+        if self.value_heads % self.n_head:
+            raise ValueError(f"{name}: n_v_head ({self.n_v_head}) must be a multiple of n_head "
+                             f"({self.n_head}) (each key head serves n_v_head/n_head value heads)")
+        if isinstance(self.norm_eps, bool) or not (isinstance(self.norm_eps, (int, float))
+                                                    and self.norm_eps > 0):
+            raise ValueError(f"{name}: norm_eps must be a positive number, got {self.norm_eps!r}")
+
+    @property
+    def value_heads(self) -> int:
+        return self.n_v_head or self.n_head
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    def check(self, d_model: int) -> None:
+        """Any ``d_model`` works: the heads' widths are set by ``head_dim``, not by ``d_model``."""
+        positive_int(d_model, "d_model", type(self).__name__)

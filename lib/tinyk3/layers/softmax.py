@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import torch
 
-from ..attention import causal_attention_sdpa
-from .base import ConvState, Mixer
+from ..ops.attention import causal_attention_sdpa
+from .base import KVState, Mixer
 from .registry import MixerSpec, register_mixer
 
 __all__ = ["SoftmaxAttention", "SoftmaxAttentionConfig", "KVState"]
 
 
-class KVState(NamedTuple):
-    """A softmax layer's state: every past token's keys and values, each ``[B, H, T_seen, D]``
-    (the KV cache), and the convolution state (``None`` without one)."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-    conv: ConvState | None = None
-
-
 class SoftmaxAttention(Mixer):
     """Causal multi-head softmax attention (GPT-2's, chapter 1) with a KV cache (chapter 2).
 
-    ``o = softmax(q kᵀ/√D + mask) v`` through :func:`tinyk3.attention.causal_attention_sdpa`.
+    ``o = softmax(q kᵀ/√D + mask) v`` through :func:`tinyk3.ops.attention.causal_attention_sdpa`.
     State: :class:`KVState` ``(k, v, conv)``, the keys and values of every token so far.
     New tokens' keys and values are appended (a new tensor; the old state is untouched) and the
     new queries see the whole cache through a bottom-right causal mask.

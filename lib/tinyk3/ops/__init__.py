@@ -1,5 +1,7 @@
 """Sequence-mixing operators: pure functions in the layout ``[B, H, T, D]``.
 
+* :mod:`tinyk3.ops.attention` - causal softmax attention: loop, masked matrix, fused SDPA, and
+  the one causal mask (chapters 1 and 2)
 * :mod:`tinyk3.ops.linear_attention` - ``recurrent``, ``parallel`` (chapter 3), ``chunked`` (chapter 6)
 * :mod:`tinyk3.ops.feature_maps` - φ for linear attention (chapter 3)
 * :mod:`tinyk3.ops.delta_rule` - ``recurrent``, ``parallel`` (chapter 5), ``chunked`` (chapter 8)
@@ -16,6 +18,7 @@ chunk layout ``[B, H, N, C, ...]``, the initial state (zeros, or checked and cas
 accumulation dtype) and the in-place exclusive scan over chunks.
 """
 
-from . import chunks, delta_rule, feature_maps, gated_delta_rule, kda, linear_attention, wy
+from . import attention, chunks, delta_rule, feature_maps, gated_delta_rule, kda, linear_attention, wy
 
-__all__ = ["linear_attention", "delta_rule", "gated_delta_rule", "kda", "feature_maps", "wy", "chunks"]
+__all__ = ["attention", "linear_attention", "delta_rule", "gated_delta_rule", "kda", "feature_maps",
+           "wy", "chunks"]

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import positive_int
-from ._checks import check_state
+from .._validate import check_state, positive_int
 
 __all__ = ["chunk_size", "accumulation_dtype", "to_chunks", "from_chunks", "initial_state",
            "exclusive_scan_"]

@@ -13,7 +13,7 @@ delta rule writes as before ("forget before error", the paper's design, fla issu
 is the delta rule; dropping the read-back (``S_t = α_t S_{t−1} + k_tᵀ v_t``) would give Mamba-2's
 decaying linear-attention state instead.
 
-Contract (``../shared/course/CONTRACTS.md``)::
+The public signatures (the course's ops contract; chapters, exercises and readers call them)::
 
     recurrent(q, k, v, beta, g, *, initial_state=None) -> (o, S_T)
     chunked(q, k, v, beta, g, *, chunk_size=64, initial_state=None) -> (o, S_T)
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_beta, check_gate, check_qkv
+from .._validate import check_beta, check_gate, check_qkv
 from .chunks import chunk_size as check_chunk_size
 from .chunks import from_chunks, to_chunks
 from .chunks import initial_state as initial_state_

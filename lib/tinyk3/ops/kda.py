@@ -7,7 +7,7 @@ forget gate per key channel, i.e. per row of the state.
 ``g [B, H, T, Dk]`` is the log decay, channel by channel. With ``g`` equal across channels this is
 :mod:`tinyk3.ops.gated_delta_rule`; with ``g = 0``, :mod:`tinyk3.ops.delta_rule`.
 
-Contract (``../shared/course/CONTRACTS.md``)::
+The public signatures (the course's ops contract; chapters, exercises and readers call them)::
 
     recurrent(q, k, v, beta, g, *, initial_state=None) -> (o, S_T)
     chunked(q, k, v, beta, g, *, chunk_size=64, initial_state=None) -> (o, S_T)
@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_beta, check_gate, check_qkv
+from .._validate import check_beta, check_gate, check_qkv
 from .chunks import chunk_size as check_chunk_size
 from .chunks import from_chunks, to_chunks
 from .chunks import initial_state as initial_state_
 from .delta_rule import state_pass, ut_transform
-from .gated_delta_rule import token_loop
 
 __all__ = ["recurrent", "chunked", "pair_scores", "sub_chunk_size", "SUB_CHUNK", "EXP_LIMIT"]
 
@@ -49,14 +48,25 @@ def recurrent(
     accumulated in float32 (float64 for float64 inputs). Differentiable.
 
     The gate scales row ``d`` of the state by ``exp(g_t[d])`` before the read and the write
-    (``Diag(α_t) S_{t−1}``), the loop of :func:`tinyk3.ops.gated_delta_rule.token_loop`.
+    (``Diag(α_t) S_{t−1}``); with ``g`` equal across channels this is Gated DeltaNet's loop.
     """
     op = "kda.recurrent"
     B, H, T, Dk, Dv = check_qkv(q, k, v, op)
     check_beta(beta, B, H, T, q, op)
     check_gate(g, B, H, T, Dk, q, op)
     S = initial_state_(initial_state, (B, H, Dk, Dv), q, op)
-    return token_loop(q, k, v, beta, g, S)
+    acc = S.dtype
+    outs = []
+    for t in range(T):
+        q_t, k_t, v_t = q[:, :, t].to(acc), k[:, :, t].to(acc), v[:, :, t].to(acc)  # [B, H, D]
+        b_t = beta[:, :, t].to(acc).unsqueeze(-1)  # [B, H, 1]
+        S = torch.exp(g[:, :, t].to(acc)).unsqueeze(-1) * S  # forget, channel by channel
+        v_old = torch.einsum("bhk,bhkv->bhv", k_t, S)  # what the decayed state holds at k_t
+        u_t = b_t * (v_t - v_old)  # the delta, scaled by the write strength  [B, H, Dv]
+        S = S + k_t.unsqueeze(-1) * u_t.unsqueeze(-2)  # S_t = Diag(α_t) S_{t−1} + k_tᵀ u_t
+        outs.append(torch.einsum("bhk,bhkv->bhv", q_t, S))  # o_t = q_t S_t
+    o = torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, Dv, dtype=acc)
+    return o.to(v.dtype), S
 
 
 def sub_chunk_size(C: int) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_qkv
+from .._validate import check_qkv
 from .chunks import chunk_size as check_chunk_size
 from .chunks import exclusive_scan_, from_chunks, to_chunks
 from .chunks import initial_state as initial_state_
