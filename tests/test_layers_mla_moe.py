@@ -322,8 +322,8 @@ def test_moe_equals_deepseek_v3(hf_ds):
     ours.load_state_dict(sd)
     x = _x(3, 10, 16)
     with torch.no_grad():
-        for impl in ("loop", "batched"):
-            ours.experts.impl = impl
+        for form in ("loop", "batched"):
+            ours.experts.form = form
             assert _dist(ours(x), ref(x)) < HF_TOL
     spec = MoEConfig(16, 3, 6, n_shared=2, n_group=4, topk_group=2, routed_scaling_factor=2.5)
     assert spec.num_parameters(16) == sum(p.numel() for p in ref.parameters())

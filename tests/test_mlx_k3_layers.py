@@ -125,8 +125,8 @@ def test_latent_moe_equals_mlx():
     with torch.no_grad():
         y = ours(x)
         assert _dist(y, _t(ref(_m(x)))) < TOL
-        for impl in ("loop", "batched"):
-            ours.experts.impl = impl
+        for form in ("loop", "batched"):
+            ours.experts.form = form
             assert _dist(ours(x), y) < 1e-6
     spec_count = sum(p.numel() for p in ours.parameters())
     from tinyk3.layers import MoEConfig

@@ -194,7 +194,7 @@ def absorb_mla(model: torch.nn.Module, absorb: bool = True) -> int:
     n = 0
     for m in model.modules():
         if isinstance(m, MultiHeadLatentAttention):
-            m.absorb, n = bool(absorb), n + 1
+            m.form, n = ("absorbed" if absorb else "expanded"), n + 1
     return n
 
 

@@ -635,7 +635,7 @@ else:
 # %%
 layer = MultiHeadLatentAttention(64, 4, kv_lora_rank=32, qk_nope_head_dim=16,
                                  qk_rope_head_dim=8, v_head_dim=12, q_lora_rank=48,
-                                 absorb=True).double().eval()
+                                 form="absorbed").double().eval()
 x64 = torch.randn(2, 13, 64, dtype=F64)
 with torch.no_grad():
     y_ref = layer(x64)[0]

@@ -54,8 +54,12 @@ Each mixer kind has a configuration (:class:`SoftmaxAttentionConfig`,
 :class:`GatedDeltaNetConfig`) registered under its name in
 :data:`MIXER_CONFIGS` (and its module in :data:`MIXERS`); new kinds are registered with
 :func:`register_mixer`, MLP kinds with :func:`register_mlp` (:mod:`tinyk3.layers.registry`).
-The mixing maths lives in pure functions (:mod:`tinyk3.attention`, :mod:`tinyk3.ops`); these
-modules add the projections and the per-head feature maps.
+The mixing maths lives in pure functions (:mod:`tinyk3.ops`, attention included); these
+modules add the projections and the per-head feature maps. Every mixer configuration has a
+``form`` (:mod:`tinyk3.layers.forms`): which of its op module's forms a prompt runs through, or
+``"triton"`` for the kernel, so a model configuration reaches every form. The parts several
+layers share (RMSNorm, RoPE, the gated RMSNorm, l2 normalisation) are in
+:mod:`tinyk3.layers.parts`; no mixer module imports another.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..ops import delta_rule
 from .base import ConvState, Mixer
+from .forms import check_form, run_rule
 from .registry import MixerSpec, register_mixer
 
 __all__ = ["DeltaNet", "DeltaNetConfig", "DeltaState"]
@@ -43,19 +43,24 @@ class DeltaNet(Mixer):
 
     ``conv_size`` adds fla's short causal convolution on q, k, v; fla's layer also
     RMS-normalises each head's output (chapter 12).
-    ``op`` picks the delta-rule implementation: anything with the contract
-    ``op(q, k, v, beta, *, initial_state) -> (o, S)``, such as a chunked form (chapter 8).
-    By default a prompt (``T > 1``) runs through :func:`tinyk3.ops.delta_rule.parallel` (one
-    triangular solve, ``O(T²)`` memory: fine for the short sequences of Part II) and a single
-    token through one step of :func:`tinyk3.ops.delta_rule.recurrent`.
+    ``form`` picks how a prompt (``T > 1``) is computed (:mod:`tinyk3.layers.forms`): by
+    default :func:`tinyk3.ops.delta_rule.parallel` (one triangular solve, ``O(T²)`` memory:
+    fine for the short sequences of Part II), ``"chunked"`` (chapter 8, ``chunk_size``),
+    ``"recurrent"``, or ``"triton"`` (chapter 9's kernel); a single token always takes one step
+    of :func:`tinyk3.ops.delta_rule.recurrent`. ``op``, an escape hatch for a function of one's
+    own with the contract ``op(q, k, v, beta, *, initial_state) -> (o, S)``, overrides the
+    form for every call.
     """
 
     State = DeltaState
 
-    def __init__(self, d_model: int, n_head: int, op: Callable | None = None, conv_size: int = 0):
+    def __init__(self, d_model: int, n_head: int, op: Callable | None = None, conv_size: int = 0,
+                 form: str = "parallel", chunk_size: int = 64):
         super().__init__(d_model, n_head, conv_size)
         self.b_proj = nn.Linear(d_model, n_head)  # one write strength per head and token
         self.op = op
+        self.form = check_form(form, "delta_rule", type(self).__name__)
+        self.chunk_size = chunk_size
 
     def _mix(self, q, k, v, x, state):
         # q, k ← SiLU, then unit length per head: ‖k_t‖ = 1 makes each write a projection
@@ -64,8 +69,12 @@ class DeltaNet(Mixer):
         # β_t = sigmoid(W_β x_t) ∈ (0, 1), one per head and token
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [B, T, H] -> [B, H, T]
         # S_t = S_{t-1} + k_tᵀ β_t (v_t − k_t S_{t-1}),  o_t = q_t S_t
-        op = self.op or (delta_rule.recurrent if x.shape[1] == 1 else delta_rule.parallel)
-        y, S = op(q, k, v, beta, initial_state=None if state is None else state.S)
+        S0 = None if state is None else state.S
+        if self.op is not None:
+            y, S = self.op(q, k, v, beta, initial_state=S0)
+        else:
+            y, S = run_rule("delta_rule", self.form, q, k, v, beta, chunk_size=self.chunk_size,
+                            initial_state=S0)
         return y, (S,)  # y: [B, H, T, D]
 
     def state_numel(self, batch_size: int, length: int) -> int:
@@ -81,9 +90,15 @@ class DeltaNetConfig(MixerSpec):
 
     n_head: int
     conv_size: int = 0
+    form: str = "parallel"
+    chunk_size: int = 64
 
     kind: ClassVar[str] = "deltanet"
     module: ClassVar[type] = DeltaNet
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_form(self.form, "delta_rule", type(self).__name__)
 
     def num_parameters(self, d_model: int) -> int:
         """The shared count, plus ``W_β``: ``d·H + H``."""

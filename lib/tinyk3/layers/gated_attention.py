@@ -25,6 +25,7 @@ import torch.nn as nn
 from .._validate import check_mixer_input, positive_int
 from ..ops.attention import causal_softmax
 from .base import KVState
+from .forms import check_form
 from .parts import RMSNorm, rope
 from .registry import MixerSpec, register_mixer
 
@@ -38,9 +39,10 @@ class GatedAttention(nn.Module):
 
     def __init__(self, d_model: int, n_head: int, n_kv_head: int, head_dim: int,
                  partial_rotary_factor: float = 0.25, rope_theta: float = 10000.0,
-                 norm_eps: float = 1e-6):
+                 norm_eps: float = 1e-6, form: str = "masked"):
         super().__init__()
         name = "GatedAttention"
+        self.form = check_form(form, "gated_attention", name)  # one form: the masked softmax
         d = self.d_model = positive_int(d_model, "d_model", name)
         H = self.n_head = positive_int(n_head, "n_head", name)
         Hkv = self.n_kv_head = positive_int(n_kv_head, "n_kv_head", name)
@@ -130,9 +132,14 @@ class GatedAttentionConfig(MixerSpec):
     partial_rotary_factor: float = 0.25
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
+    form: str = "masked"
 
     kind: ClassVar[str] = "gated_attention"
     module: ClassVar[type] = GatedAttention
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_form(self.form, "gated_attention", "GatedAttentionConfig")
 
     def check(self, d_model: int) -> None:
         positive_int(d_model, "d_model", "GatedAttentionConfig")

@@ -39,9 +39,9 @@ import torch.nn as nn
 
 from .._validate import check_mixer_input, positive_int
 from ..gates import init_A_log, init_dt_bias, softplus_gate
-from ..ops import gated_delta_rule
 from .base import ConvState, check_recurrent_state
 from .conv import ShortConvolution
+from .forms import run_rule
 from .parts import GatedRMSNorm, l2_normalize
 from .registry import HeadsSpec, register_mixer
 
@@ -56,7 +56,8 @@ class GatedDeltaNet(nn.Module):
     projections with biases here). Arguments (:class:`GatedDeltaNetConfig` holds the same):
     ``n_head`` key heads of ``head_dim``; ``n_v_head`` value heads (0: ``n_head``; a multiple
     of it) of ``v_head_dim`` (0: ``head_dim``); ``conv_size`` taps; ``norm_eps`` of the output
-    norm (Qwen3-Next's ``rms_norm_eps``, 1e-6); ``chunk_size`` of the prefill.
+    norm (Qwen3-Next's ``rms_norm_eps``, 1e-6); ``form`` and ``chunk_size`` of the prefill
+    (:mod:`tinyk3.layers.forms`: ``"chunked"``, ``"recurrent"`` or ``"triton"``).
 
     Parameter names and shapes are ``transformers``' and the checkpoint's (``in_proj_qkvz``,
     ``in_proj_ba``, ``conv1d``, ``dt_bias [Hv]``, ``A_log [Hv]``, ``norm``, ``out_proj``), so a
@@ -68,11 +69,12 @@ class GatedDeltaNet(nn.Module):
 
     def __init__(self, d_model: int, n_head: int, head_dim: int, n_v_head: int = 0,
                  v_head_dim: int = 0, conv_size: int = 4, norm_eps: float = 1e-6,
-                 chunk_size: int = 64):
+                 chunk_size: int = 64, form: str = "chunked"):
         super().__init__()
         cfg = GatedDeltaNetConfig(n_head=n_head, head_dim=head_dim, n_v_head=n_v_head,
                                   v_head_dim=v_head_dim, conv_size=conv_size, norm_eps=norm_eps,
-                                  chunk_size=chunk_size)  # validates every argument
+                                  chunk_size=chunk_size, form=form)  # validates every argument
+        self.form = form
         self.config = cfg
         d = self.d_model = positive_int(d_model, "d_model", "GatedDeltaNet")
         Hk, Hv, Dk, Dv = cfg.n_head, cfg.value_heads, cfg.head_dim, cfg.value_dim
@@ -119,11 +121,9 @@ class GatedDeltaNet(nn.Module):
             q, k = (t.repeat_interleave(Hv // Hk, dim=1) for t in (q, k))  # [B, Hv, T, Dk]
         beta = torch.sigmoid(b).transpose(1, 2)  # [B, Hv, T]
         g = softplus_gate(a.transpose(1, 2), self.A_log, self.dt_bias)  # [B, Hv, T], ≤ 0
-        if T == 1:
-            o, S = gated_delta_rule.recurrent(q, k, v, beta, g, initial_state=S0)
-        else:
-            o, S = gated_delta_rule.chunked(q, k, v, beta, g, chunk_size=self.chunk_size,
-                                            initial_state=S0)
+        # one token: a recurrent step; a prompt: the form (chunkwise by default)
+        o, S = run_rule("gated_delta_rule", self.form, q, k, v, beta, g,
+                        chunk_size=self.chunk_size, initial_state=S0)
         o = self.norm(o.transpose(1, 2), z.view(B, T, Hv, Dv))  # [B, T, Hv, Dv]
         return self.out_proj(o.reshape(B, T, Hv * Dv)), GatedDeltaState(S, new_conv)
 
@@ -189,8 +189,10 @@ class GatedDeltaNetConfig(HeadsSpec):
     conv_size: int = 4
     norm_eps: float = 1e-6
     chunk_size: int = 64
+    form: str = "chunked"
 
     kind: ClassVar[str] = "gated_deltanet"
+    rule: ClassVar[str] = "gated_delta_rule"  # the op module of its forms
     module: ClassVar[type] = GatedDeltaNet
 
     def num_parameters(self, d_model: int) -> int:

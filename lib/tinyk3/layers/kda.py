@@ -42,9 +42,9 @@ import torch.nn as nn
 
 from .._validate import check_mixer_input, positive_int
 from ..gates import LOWER_BOUND, init_A_log, init_dt_bias, lower_bound_gate, softplus_gate
-from ..ops import kda
 from .base import ConvState, check_recurrent_state
 from .conv import ShortConvolution, init_jointly_, short_convolutions
+from .forms import run_rule
 from .parts import GatedRMSNorm, l2_normalize
 from .registry import HeadsSpec, register_mixer
 
@@ -87,12 +87,13 @@ class KimiDeltaAttention(nn.Module):
     def __init__(self, d_model: int, n_head: int, head_dim: int, n_v_head: int = 0,
                  v_head_dim: int = 0, conv_size: int = 4, gate: str = "softplus",
                  output_gate: str = "low_rank", gate_rank: int = 0, norm_eps: float = 1e-5,
-                 chunk_size: int = 64):
+                 chunk_size: int = 64, form: str = "chunked"):
         super().__init__()
         cfg = KDAConfig(n_head=n_head, head_dim=head_dim, n_v_head=n_v_head,
                         v_head_dim=v_head_dim, conv_size=conv_size, gate=gate,
                         output_gate=output_gate, gate_rank=gate_rank, norm_eps=norm_eps,
-                        chunk_size=chunk_size)  # validates every argument
+                        chunk_size=chunk_size, form=form)  # validates every argument
+        self.form = form
         self.config = cfg
         d = self.d_model = positive_int(d_model, "d_model", "KimiDeltaAttention")
         H, HV, Dk, Dv, r = cfg.n_head, cfg.value_heads, cfg.head_dim, cfg.value_dim, cfg.rank
@@ -174,10 +175,9 @@ class KimiDeltaAttention(nn.Module):
         if HV != H:  # GVA: key head i serves value heads G·i … G·i + G − 1
             q, k = (t.repeat_interleave(HV // H, dim=1) for t in (q, k))  # [B, HV, T, Dk]
         g, beta = self.log_decay(x), self.write_strength(x)
-        if T == 1:  # decoding: one step of the recurrence
-            o, S = kda.recurrent(q, k, v, beta, g, initial_state=S0)
-        else:  # a prompt (or a block of tokens): chunkwise
-            o, S = kda.chunked(q, k, v, beta, g, chunk_size=self.chunk_size, initial_state=S0)
+        # decoding (T == 1): one step of the recurrence; a prompt: the form (chunkwise by default)
+        o, S = run_rule("kda", self.form, q, k, v, beta, g, chunk_size=self.chunk_size,
+                        initial_state=S0)
         o = self.o_norm(o.transpose(1, 2), self.output_gate_logits(x))  # [B, T, HV, Dv]
         return self.o_proj(o.reshape(B, T, HV * Dv)), KDAState(S, new_conv)
 
@@ -281,8 +281,10 @@ class KDAConfig(HeadsSpec):
     gate_rank: int = 0
     norm_eps: float = 1e-5
     chunk_size: int = 64
+    form: str = "chunked"
 
     kind: ClassVar[str] = "kda"
+    rule: ClassVar[str] = "kda"  # the op module of its forms
     module: ClassVar[type] = KimiDeltaAttention
 
     def __post_init__(self) -> None:

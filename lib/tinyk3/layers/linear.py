@@ -8,8 +8,8 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ..ops import feature_maps
-from ..ops import linear_attention as linear_attention_ops
 from .base import ConvState, Mixer
+from .forms import check_form, run_rule
 from .registry import MixerSpec, register_mixer
 
 __all__ = ["LinearAttention", "LinearAttentionConfig", "LinearState"]
@@ -32,9 +32,11 @@ class LinearAttention(Mixer):
 
         o_t = φ(q_t) S_t / φ(q_t)·z_t,   S_t = Σ_{j≤t} φ(k_j)ᵀ v_j,   z_t = Σ_{j≤t} φ(k_j)
 
-    (without the denominator if ``normalize=False``). A prompt runs through the parallel form
-    :func:`tinyk3.ops.linear_attention.parallel`; one new token (``T == 1``) through one step
-    of :func:`tinyk3.ops.linear_attention.recurrent`. State: :class:`LinearState`
+    (without the denominator if ``normalize=False``). A prompt runs through ``form``
+    (:mod:`tinyk3.layers.forms`: by default the parallel form,
+    :func:`tinyk3.ops.linear_attention.parallel`; ``"chunked"`` with ``chunk_size``); one new
+    token (``T == 1``) through one step of :func:`tinyk3.ops.linear_attention.recurrent`.
+    State: :class:`LinearState`
     ``(S, z, conv)``; ``Dk`` is φ's output size (``D`` for the element-wise maps,
     ``1 + D + D²`` for ``"taylor2"``). Fixed size, whatever the length. The ops keep the
     state in float32 (float64 for float64 inputs).
@@ -47,8 +49,10 @@ class LinearAttention(Mixer):
     State = LinearState
 
     def __init__(self, d_model: int, n_head: int, feature_map: str = "elu+1", normalize: bool = True,
-                 eps: float = 1e-6, conv_size: int = 0):
+                 eps: float = 1e-6, conv_size: int = 0, form: str = "parallel", chunk_size: int = 64):
         super().__init__(d_model, n_head, conv_size)
+        self.form = check_form(form, "linear_attention", type(self).__name__)
+        self.chunk_size = chunk_size
         self.phi = feature_maps.get(feature_map)  # ValueError names the choices
         self.feature_map, self.normalize, self.eps = feature_map, bool(normalize), eps
         self.qk_scale = self.head_dim ** -0.25 if feature_map == "taylor2" else 1.0
@@ -66,9 +70,9 @@ class LinearAttention(Mixer):
                 raise TypeError("LinearAttention: with normalize=False the state is S alone; "
                                 "this one holds z")
             initial = (state.S, state.z) if self.normalize else state.S
-        op = linear_attention_ops.recurrent if x.shape[1] == 1 else linear_attention_ops.parallel
         # o_t = φ(q_t) S_t / φ(q_t)·z_t,  S_t = S_{t-1} + φ(k_t)ᵀ v_t,  z_t = z_{t-1} + φ(k_t)
-        y, new = op(q, k, v, normalize=self.normalize, initial_state=initial, eps=self.eps)
+        y, new = run_rule("linear_attention", self.form, q, k, v, chunk_size=self.chunk_size,
+                          initial_state=initial, normalize=self.normalize, eps=self.eps)
         return y, (new if self.normalize else (new, None))  # y: [B, H, T, D]
 
     def state_numel(self, batch_size: int, length: int) -> int:
@@ -91,6 +95,8 @@ class LinearAttentionConfig(MixerSpec):
     feature_map: str = "elu+1"
     normalize: bool = True
     conv_size: int = 0
+    form: str = "parallel"
+    chunk_size: int = 64
 
     kind: ClassVar[str] = "linear"
     module: ClassVar[type] = LinearAttention
@@ -102,3 +108,4 @@ class LinearAttentionConfig(MixerSpec):
                              f"{sorted(feature_maps.FEATURE_MAPS)}")
         if not isinstance(self.normalize, bool):
             raise TypeError(f"LinearAttentionConfig.normalize must be a bool, got {self.normalize!r}")
+        check_form(self.form, "linear_attention", type(self).__name__)

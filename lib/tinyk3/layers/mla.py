@@ -38,6 +38,7 @@ import torch.nn as nn
 
 from .._validate import check_mixer_input, nonnegative_int, positive_int
 from ..ops.attention import causal_softmax
+from .forms import check_form
 from .parts import RMSNorm, rope
 from .registry import MixerSpec, register_mixer
 
@@ -59,8 +60,9 @@ class MultiHeadLatentAttention(nn.Module):
 
     ``use_rope=False``: NoPE (the shared key channels stay, unrotated; order comes from the
     causal mask alone).
-    ``absorb``: the path :meth:`forward` uses (``False``: keys and values expanded from the
-    latents; ``True``: weights absorbed); the two give the same numbers to rounding. Positions
+    ``form``: the path :meth:`forward` uses (:mod:`tinyk3.layers.forms`): ``"expanded"``, keys
+    and values expanded from the latents, or ``"absorbed"``, weights absorbed; the two give the
+    same numbers to rounding. ``absorb`` reads and sets the same switch as a bool. Positions
     continue from the state's length (RoPE, ``interleaved`` as ``rope_interleave`` says).
     """
 
@@ -70,7 +72,7 @@ class MultiHeadLatentAttention(nn.Module):
                  qk_nope_head_dim: int = 128, qk_rope_head_dim: int = 64, v_head_dim: int = 128,
                  q_lora_rank: int = 0, rope_theta: float = 10000.0, rope_interleave: bool = True,
                  output_gate: bool = False, norm_eps: float = LATENT_NORM_EPS,
-                 use_rope: bool = True, absorb: bool = False):
+                 use_rope: bool = True, form: str = "expanded"):
         super().__init__()
         name = "MultiHeadLatentAttention"
         d = self.d_model = positive_int(d_model, "d_model", name)
@@ -83,7 +85,8 @@ class MultiHeadLatentAttention(nn.Module):
         if dr % 2:
             raise ValueError(f"{name}: qk_rope_head_dim must be even (RoPE rotates pairs), got {dr}")
         self.rope_theta, self.rope_interleave = float(rope_theta), bool(rope_interleave)
-        self.output_gate, self.absorb = bool(output_gate), bool(absorb)
+        self.output_gate = bool(output_gate)
+        self.form = check_form(form, "mla", name)
         self.use_rope = bool(use_rope) and dr > 0
         self.scale = (dn + dr) ** -0.5
         if rq:
@@ -102,6 +105,15 @@ class MultiHeadLatentAttention(nn.Module):
     # -- the pieces ---------------------------------------------------------------------------
     def _positions(self, start: int, T: int, device) -> torch.Tensor:
         return torch.arange(start, start + T, device=device)
+
+    @property
+    def absorb(self) -> bool:
+        """Whether :meth:`forward` absorbs the weights (``form == "absorbed"``)."""
+        return self.form == "absorbed"
+
+    @absorb.setter
+    def absorb(self, value: bool) -> None:
+        self.form = "absorbed" if value else "expanded"
 
     def queries(self, x: torch.Tensor, start: int = 0):
         """``x [B, T, d]`` → ``q_nope [B, H, T, dn]`` and the rotated ``q_rope [B, H, T, dr]``."""
@@ -238,7 +250,7 @@ class MultiHeadLatentAttention(nn.Module):
         return (f"d_model={self.d_model}, n_head={self.n_head}, {q}kv_lora_rank={self.kv_lora_rank}, "
                 f"qk_nope_head_dim={self.qk_nope_head_dim}, qk_rope_head_dim={self.qk_rope_head_dim}, "
                 f"v_head_dim={self.v_head_dim}, use_rope={self.use_rope}, "
-                f"output_gate={self.output_gate}, absorb={self.absorb}")
+                f"output_gate={self.output_gate}, form={self.form!r}")
 
 
 @register_mixer
@@ -260,6 +272,7 @@ class MLAConfig(MixerSpec):
     output_gate: bool = False
     norm_eps: float = LATENT_NORM_EPS
     use_rope: bool = True
+    form: str = "expanded"
 
     kind: ClassVar[str] = "mla"
     module: ClassVar[type] = MultiHeadLatentAttention
@@ -273,6 +286,7 @@ class MLAConfig(MixerSpec):
             raise ValueError(f"MLAConfig: qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
         if not self.norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError("MLAConfig: norm_eps and rope_theta must be positive")
+        check_form(self.form, "mla", "MLAConfig")
 
     def check(self, d_model: int) -> None:
         """Any ``d_model`` works: the heads' widths are set by their own fields."""

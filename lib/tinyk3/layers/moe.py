@@ -215,28 +215,28 @@ def experts_batched(x, weights, indices, gate_up, down, activation: str = "silu"
     return torch.zeros_like(x).index_add(0, token, y)
 
 
-IMPLS = {"loop": experts_loop, "batched": experts_batched}
+FORMS = {"batched": experts_batched, "loop": experts_loop}  # the first is the default
 
 
 class Experts(nn.Module):
     """``E`` SwiGLU experts of hidden width ``h``, stacked: ``gate_up_proj [E, 2h, d]``,
     ``down_proj [E, d, h]`` (``transformers``' runtime layout)."""
 
-    def __init__(self, d_model: int, n_experts: int, hidden: int, impl: str = "batched",
+    def __init__(self, d_model: int, n_experts: int, hidden: int, form: str = "batched",
                  activation: str = "silu"):
         super().__init__()
-        if impl not in IMPLS:
-            raise ValueError(f"Experts: impl must be one of {sorted(IMPLS)}, got {impl!r}")
+        if form not in FORMS:
+            raise ValueError(f"Experts: form must be one of {tuple(FORMS)}, got {form!r}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"Experts: activation must be one of {ACTIVATIONS}, got {activation!r}")
-        self.impl, self.activation = impl, activation
+        self.form, self.activation = form, activation
         self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * hidden, d_model))
         self.down_proj = nn.Parameter(torch.empty(n_experts, d_model, hidden))
         nn.init.normal_(self.gate_up_proj, std=0.02)
         nn.init.normal_(self.down_proj, std=0.02)
 
     def forward(self, x, weights, indices) -> torch.Tensor:
-        return IMPLS[self.impl](x, weights, indices, self.gate_up_proj, self.down_proj,
+        return FORMS[self.form](x, weights, indices, self.gate_up_proj, self.down_proj,
                                 self.activation)
 
 
@@ -256,7 +256,7 @@ class MoE(nn.Module):
                  n_shared: int = 0, shared_hidden: int = 0, scoring: str = "sigmoid",
                  n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
                  routed_scaling_factor: float = 1.0, shared_gate: bool = False,
-                 impl: str = "batched", activation: str = "silu", latent_dim: int = 0,
+                 form: str = "batched", activation: str = "silu", latent_dim: int = 0,
                  latent_norm: bool = False, norm_eps: float = 1e-5):
         super().__init__()
         self.d_model = positive_int(d_model, "d_model", "MoE")
@@ -264,7 +264,7 @@ class MoE(nn.Module):
                              norm_topk_prob, routed_scaling_factor)
         self.latent_dim = nonnegative_int(latent_dim, "latent_dim", "MoE")
         expert_width = latent_dim or d_model
-        self.experts = Experts(expert_width, n_experts, expert_hidden, impl, activation)
+        self.experts = Experts(expert_width, n_experts, expert_hidden, form, activation)
         if latent_dim:
             self.routed_expert_down_proj = nn.Linear(d_model, latent_dim, bias=False)
             self.routed_expert_up_proj = nn.Linear(latent_dim, d_model, bias=False)
@@ -508,7 +508,7 @@ class MoEConfig(MLPSpec):
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
     shared_gate: bool = False
-    impl: str = "batched"
+    form: str = "batched"
     activation: str = "silu"
     latent_dim: int = 0
     latent_norm: bool = False
@@ -527,8 +527,8 @@ class MoEConfig(MLPSpec):
             raise ValueError(f"{name}: activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.scoring not in SCORINGS:
             raise ValueError(f"{name}: scoring must be one of {SCORINGS}, got {self.scoring!r}")
-        if self.impl not in IMPLS:
-            raise ValueError(f"{name}: impl must be one of {sorted(IMPLS)}, got {self.impl!r}")
+        if self.form not in FORMS:
+            raise ValueError(f"{name}: form must be one of {tuple(FORMS)}, got {self.form!r}")
         if self.n_experts % self.n_group or self.topk_group > self.n_group:
             raise ValueError(f"{name}: n_experts ({self.n_experts}) must split into n_group "
                              f"({self.n_group}) groups and topk_group ({self.topk_group}) <= n_group")

@@ -127,6 +127,9 @@ class HeadsSpec(MixerSpec):
         if isinstance(self.norm_eps, bool) or not (isinstance(self.norm_eps, (int, float))
                                                     and self.norm_eps > 0):
             raise ValueError(f"{name}: norm_eps must be a positive number, got {self.norm_eps!r}")
+        from .forms import check_form
+
+        check_form(self.form, self.rule, name)
 
     @property
     def value_heads(self) -> int:

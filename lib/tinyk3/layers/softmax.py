@@ -7,8 +7,9 @@ from typing import ClassVar
 
 import torch
 
-from ..ops.attention import causal_attention_sdpa
+from ..ops.attention import causal_attention, causal_attention_loop, causal_attention_sdpa
 from .base import KVState, Mixer
+from .forms import check_form
 from .registry import MixerSpec, register_mixer
 
 __all__ = ["SoftmaxAttention", "SoftmaxAttentionConfig", "KVState"]
@@ -25,6 +26,11 @@ class SoftmaxAttention(Mixer):
     """
 
     State = KVState
+    FORMS = {"sdpa": causal_attention_sdpa, "masked": causal_attention, "loop": causal_attention_loop}
+
+    def __init__(self, d_model: int, n_head: int, conv_size: int = 0, form: str = "sdpa"):
+        super().__init__(d_model, n_head, conv_size)
+        self.form = check_form(form, "attention", type(self).__name__)
 
     def _mix(self, q, k, v, x, state):
         if state is not None:
@@ -32,7 +38,7 @@ class SoftmaxAttention(Mixer):
             k = torch.cat([past_k, k], dim=2)  # [B, H, T_past + T, D]
             v = torch.cat([past_v, v], dim=2)  # [B, H, T_past + T, D]
         # o = softmax(q kᵀ / √D + mask) v, the new queries being the last T of T_past + T
-        y = causal_attention_sdpa(q, k, v)  # [B, H, T, D]
+        y = self.FORMS[self.form](q, k, v)  # [B, H, T, D]
         return y, (k, v)
 
     def _check_state(self, state: KVState, q: torch.Tensor):
@@ -69,6 +75,11 @@ class SoftmaxAttentionConfig(MixerSpec):
 
     n_head: int
     conv_size: int = 0
+    form: str = "sdpa"
 
     kind: ClassVar[str] = "softmax"
     module: ClassVar[type] = SoftmaxAttention
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_form(self.form, "attention", type(self).__name__)
