@@ -480,3 +480,28 @@ def test_attention_maps_of_gpt2_as_an_lm_equal_chapter_1s():
         attention_maps(_model("deltanet"), idx)
     with pytest.raises(TypeError, match="without a short convolution"):
         attention_maps(_model("softmax", conv_size=2), idx)
+
+
+@pytest.mark.parametrize("attn_res", [0, 2], ids=["plain", "attention-residuals"])
+def test_a_block_without_mlp(attn_res):
+    """NoMLPConfig: a mixer-only block (no ln_2, no MLP, no second depth read); counted exactly,
+    decoding in pieces equals the full forward, and it differs from the block with an MLP."""
+    from tinyk3.layers import DeltaNetConfig, NoMLPConfig, SwiGLUConfig
+    from tinyk3.models import count_parameters
+
+    mixer = DeltaNetConfig(n_head=2, conv_size=4)
+    cfg = LMConfig(vocab_size=30, block_size=32, n_embd=16, pattern=(mixer,) * 3,
+                   mlp=(NoMLPConfig(), SwiGLUConfig(24), NoMLPConfig()), pos_emb=False,
+                   norm="rmsnorm", attn_res_block_size=attn_res)
+    torch.manual_seed(0)
+    model = LM(cfg).double().eval()
+    assert not hasattr(model.transformer.h[0], "ln_2") and model.transformer.h[0].mlp is None
+    assert hasattr(model.transformer.h[1], "ln_2")
+    assert count_parameters(cfg).total == sum(p.numel() for p in model.parameters())
+    idx = torch.randint(0, 30, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_cache()
+        pieces = torch.cat([model(idx[:, :4], cache), model(idx[:, 4:5], cache),
+                            model(idx[:, 5:], cache)], dim=1)
+    assert (pieces - full).abs().max() < 1e-12

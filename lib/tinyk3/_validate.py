@@ -14,7 +14,7 @@ import numbers
 
 import torch
 
-__all__ = ["positive_int", "nonnegative_int", "is_int", "check_mixer_input", "check_qkv",
+__all__ = ["positive_int", "nonnegative_int", "is_int", "check_mixer_input", "check_tokens", "check_qkv",
            "check_state", "check_beta", "check_gate", "FLOAT_DTYPES"]
 
 
@@ -52,6 +52,28 @@ def check_mixer_input(x, d_model: int, name: str) -> None:
     if not x.is_floating_point():
         raise TypeError(f"{name}: x must be a floating-point tensor, got {x.dtype}")
 
+
+def check_tokens(idx, vocab_size: int, *, start: int = 0, block_size: int | None = None,
+                 cache_batch: int | None = None) -> tuple[int, int]:
+    """A language model's input: ``idx`` an integer tensor ``[B, T]`` of token ids in
+    ``[0, vocab_size)``, ``T ≥ 1``; with learned positions (``block_size``) the ``start`` cached
+    tokens plus ``T`` fit in ``block_size``; a cache holding ``cache_batch`` sequences gets ``B``
+    of them. Returns ``(B, T)``, else a clear error."""
+    if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32):
+        raise TypeError("idx must be an integer tensor of token ids with shape [B, T]")
+    if idx.dim() != 2:
+        raise ValueError(f"idx must have shape [B, T], got {tuple(idx.shape)}")
+    B, T = idx.shape
+    if T == 0:
+        raise ValueError("idx has no tokens (T = 0)")
+    if block_size is not None and start + T > block_size:
+        raise ValueError(f"sequence of {start + T} tokens ({start} cached + {T} new) is longer "
+                         f"than block_size={block_size}: there is no position embedding past it")
+    if cache_batch is not None and cache_batch != B:
+        raise ValueError(f"cache holds batch size {cache_batch}, idx has {B}")
+    if idx.min() < 0 or idx.max() >= vocab_size:
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got [{idx.min()}, {idx.max()}]")
+    return B, T
 
 # -- the operators' tensors (tinyk3.ops, tinyk3.kernels) ----------------------------------------
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._validate import is_int
+from ._validate import check_tokens, is_int
 from .kv_cache import KVCache
 from .layers import SoftmaxAttention
 from .ops.attention import causal_attention_sdpa, causal_mask
@@ -174,29 +174,15 @@ class GPT(nn.Module):
         return KVCache(self.config.n_layer)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32):
-            raise TypeError("idx must be an integer tensor of token ids with shape [B, T]")
-        if idx.dim() != 2:
-            raise ValueError(f"idx must have shape [B, T], got {tuple(idx.shape)}")
-        B, T = idx.shape
-        start = 0 if cache is None else cache.length
-        if start + T > self.config.block_size:
-            raise ValueError(
-                f"sequence of {start + T} tokens ({start} cached + {T} new) is longer than "
-                f"block_size={self.config.block_size}: GPT-2 has no position embedding past it"
-            )
-        if T == 0:
-            raise ValueError("idx has no tokens (T = 0)")
         if cache is not None and cache.n_layer != self.config.n_layer:
             raise ValueError(
                 f"cache has {cache.n_layer} layers, the model {self.config.n_layer}: "
                 "make it with model.new_cache()"
             )
-        if cache is not None and cache.length and cache.batch_size != B:
-            raise ValueError(f"cache holds batch size {cache.batch_size}, idx has {B}")
-        vocab = self.config.vocab_size
-        if idx.min() < 0 or idx.max() >= vocab:
-            raise ValueError(f"token ids must lie in [0, {vocab}), got [{idx.min()}, {idx.max()}]")
+        start = 0 if cache is None else cache.length
+        B, T = check_tokens(idx, self.config.vocab_size, start=start,
+                            block_size=self.config.block_size,
+                            cache_batch=cache.batch_size if cache is not None and start else None)
         pos = torch.arange(start, start + T, device=idx.device)  # [T]
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # [B, T, d]
         x = self.transformer.drop(x)

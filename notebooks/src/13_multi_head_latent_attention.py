@@ -547,7 +547,8 @@ for name, cfg in (("Kimi Linear 48B", presets.kimi_linear_48b()),
 #
 # `tinyk3.layers.mla.MultiHeadLatentAttention` is this layer as the models of the next chapters
 # use it, with `transformers`' parameter names (`q_a_proj`, `kv_a_proj_with_mqa`, `kv_b_proj`,
-# ...) and an `absorb` switch. Both are checked against `DeepseekV3Attention`, built offline at
+# ...) and a `form` switch, `"expanded"` or `"absorbed"` (the layer's `absorb` reads and sets
+# it as a bool). Both are checked against `DeepseekV3Attention`, built offline at
 # a tiny random configuration with the low-rank query and interleaved RoPE, its norms' weights
 # randomised, and its weights copied into ours; and the library layer once more with the other
 # two options `transformers` has, a full-rank query projection and rotate-half RoPE. (The

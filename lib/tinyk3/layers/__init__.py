@@ -75,7 +75,7 @@ from .gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, GatedDeltaState
 from .kda import KDAConfig, KDAState, KimiDeltaAttention
 from .linear import LinearAttention, LinearAttentionConfig, LinearState
 from .mla import LatentState, MLAConfig, MultiHeadLatentAttention
-from .mlp import MLP, GeluMLPConfig
+from .mlp import MLP, GeluMLPConfig, NoMLPConfig
 from .moe import MoE, MoEConfig, SwiGLU, SwiGLUConfig
 from .parts import GatedRMSNorm, RMSNorm, l2_normalize, rope
 from .registry import (
@@ -102,5 +102,5 @@ __all__ = [
     "GatedDeltaNet", "GatedDeltaNetConfig", "GatedDeltaState",
     "MultiHeadLatentAttention", "MLAConfig", "LatentState", "GatedAttention",
     "GatedAttentionConfig", "MoE", "MoEConfig", "SwiGLU", "SwiGLUConfig", "RMSNorm", "rope",
-    "GatedRMSNorm", "l2_normalize", "HeadsSpec",
+    "GatedRMSNorm", "l2_normalize", "HeadsSpec", "NoMLPConfig",
 ]

@@ -44,3 +44,20 @@ class GeluMLPConfig(MLPSpec):
         """``c_fc`` and ``c_proj`` with biases: ``2rd² + rd + d``."""
         d, r = d_model, self.ratio
         return 2 * r * d * d + r * d + d
+
+
+@register_mlp
+@dataclass(frozen=True)
+class NoMLPConfig(MLPSpec):
+    """No feed-forward network: a block of the token mixer alone (Mamba-2 and many state-space
+    hybrids build their blocks so). The block then has no second norm either."""
+
+    kind: ClassVar[str] = "none"
+    module: ClassVar[type] = type(None)
+
+    def build(self, d_model: int) -> None:
+        positive_int(d_model, "d_model", "NoMLPConfig")
+        return None
+
+    def num_parameters(self, d_model: int) -> int:
+        return 0

@@ -48,7 +48,8 @@ def count_parameters(config) -> ParameterCount:
     total += res  # the final mix before the head
     active = total
     for mixer, mlp in zip(config.layer_mixers, config.layer_mlps):
-        block = 2 * norm + 2 * res + mixer.num_parameters(d)
+        parts = 1 if mlp.kind == "none" else 2  # a mixer-only block has one norm and one read
+        block = parts * (norm + res) + mixer.num_parameters(d)
         total += block + mlp.num_parameters(d)
         active += block + mlp.num_active_parameters(d)
     return ParameterCount(total, active)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .._validate import check_tokens
 from ..gpt2 import init_gpt2_weights
 from ..layers import RMSNorm, state_nbytes
+from ..layers.attn_res import DepthMix  # noqa: F401 (also importable from here, as chapter 17 does)
 from .config import LMConfig
 
 __all__ = ["LM", "LMCache", "Block"]
@@ -63,40 +65,13 @@ def make_norm(config: LMConfig) -> nn.Module:
     return RMSNorm(d, eps, centred=config.norm == "rmsnorm_centred")
 
 
-class DepthMix(nn.Module):
-    """One attention-residual read (Kimi Team, *Attention Residuals*, arXiv 2603.15031; Kimi K3):
-    a softmax over depth of the completed block sums and the current partial sum.
-
-    Each source ``s`` (a ``[B, T, d]`` tensor) gets the logit ``(s / rms(s)) · (w_norm ⊙ w_proj)``,
-    its RMS-normed self against one learned vector (no ``1/√d``); the read is ``Σ p_s s`` over
-    the raw sources, computed in float32. Parameters as the released checkpoint names them after
-    mlx-lm's renaming: ``{name}_proj`` (a ``d → 1`` linear map) and ``{name}_norm`` (its RMSNorm's
-    weight; only the weight is used). With no completed block yet it returns the partial sum.
-    """
-
-    def __init__(self, d: int, eps: float):
-        super().__init__()
-        self.proj = nn.Linear(d, 1, bias=False)
-        self.norm = RMSNorm(d, eps)
-        nn.init.zeros_(self.proj.weight)  # a uniform mix until trained (LM keeps it so)
-
-    def forward(self, blocks: list, partial: torch.Tensor) -> torch.Tensor:
-        if not blocks:
-            return partial
-        dt = torch.float64 if partial.dtype == torch.float64 else torch.float32
-        w = self.norm.weight.to(dt) * self.proj.weight.to(dt).reshape(-1)  # [d]
-        src = torch.stack([*blocks, partial]).to(dt)  # [S, B, T, d]
-        inv_rms = torch.rsqrt(src.pow(2).mean(-1) + self.norm.eps)  # [S, B, T]
-        p = torch.softmax((src @ w) * inv_rms, dim=0)  # over depth
-        return (p.unsqueeze(-1) * src).sum(0).to(partial.dtype)
-
-
 class Block(nn.Module):
     """Pre-norm block: ``x + mixer(ln_1(x))``, then ``x + mlp(ln_2(x))``.
 
     The mixer is called ``attn`` whatever it is (GPT-2's name, and fla's for its linear layers);
     the norms are LayerNorms or RMSNorms as ``config.norm`` says; the MLP is GPT-2's, a SwiGLU
-    or a mixture of experts, per layer.
+    or a mixture of experts, per layer, or none (:class:`~tinyk3.layers.NoMLPConfig`: a
+    mixer-only block, without ``ln_2``).
     """
 
     def __init__(self, config: LMConfig, layer: int):
@@ -104,13 +79,15 @@ class Block(nn.Module):
         d = config.n_embd
         self.ln_1 = make_norm(config)
         self.attn = config.layer_mixers[layer].build(d)
-        self.ln_2 = make_norm(config)
-        self.mlp = config.layer_mlps[layer].build(d)
+        self.mlp = config.layer_mlps[layer].build(d)  # None: a mixer-only block
+        if self.mlp is not None:
+            self.ln_2 = make_norm(config)
         self.attn_res = config.attn_res_block_size > 0
         if self.attn_res:  # Kimi K3: the residual stream read through a softmax over depth
             self.block_start = layer % config.attn_res_block_size == 0
             self.self_attention_res = DepthMix(d, config.layer_norm_eps)
-            self.mlp_res = DepthMix(d, config.layer_norm_eps)
+            if self.mlp is not None:
+                self.mlp_res = DepthMix(d, config.layer_norm_eps)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, state=None, blocks: list | None = None):
@@ -120,7 +97,8 @@ class Block(nn.Module):
         if not self.attn_res:
             y, new_state = self.attn(self.ln_1(x), state)
             x = x + self.drop(y)
-            x = x + self.drop(self.mlp(self.ln_2(x)))
+            if self.mlp is not None:
+                x = x + self.drop(self.mlp(self.ln_2(x)))
             return x, new_state
         h = self.self_attention_res(blocks, x)
         partial = x
@@ -130,6 +108,8 @@ class Block(nn.Module):
         y, new_state = self.attn(self.ln_1(h), state)
         y = self.drop(y)
         partial = y if partial is None else partial + y
+        if self.mlp is None:
+            return partial, new_state
         h = self.mlp_res(blocks, partial)
         return partial + self.drop(self.mlp(self.ln_2(h))), new_state
 
@@ -182,14 +162,8 @@ class LM(nn.Module):
         """An empty decoding state for this model."""
         return LMCache(self.config.kinds)
 
-    def forward(self, idx: torch.Tensor, cache: LMCache | None = None) -> torch.Tensor:
-        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32):
-            raise TypeError("idx must be an integer tensor of token ids with shape [B, T]")
-        if idx.dim() != 2:
-            raise ValueError(f"idx must have shape [B, T], got {tuple(idx.shape)}")
-        B, T = idx.shape
-        if T == 0:
-            raise ValueError("idx has no tokens (T = 0)")
+    def _check(self, idx, cache) -> tuple[int, int, int]:
+        """``(B, T, start)`` of a call, or a clear error for bad token ids or a foreign cache."""
         if cache is not None:
             if not isinstance(cache, LMCache):
                 raise TypeError(
@@ -200,18 +174,14 @@ class LM(nn.Module):
                     f"cache is for layers {list(cache.kinds)}, the model has layers "
                     f"{list(self.config.kinds)}: make it with model.new_cache()"
                 )
-            if cache.length and cache.batch_size != B:
-                raise ValueError(f"cache holds batch size {cache.batch_size}, idx has {B}")
         start = 0 if cache is None else cache.length
-        if self.config.pos_emb and start + T > self.config.block_size:
-            raise ValueError(
-                f"sequence of {start + T} tokens ({start} cached + {T} new) is longer than "
-                f"block_size={self.config.block_size}: there is no position embedding past it"
-            )
-        vocab = self.config.vocab_size
-        if idx.min() < 0 or idx.max() >= vocab:
-            raise ValueError(f"token ids must lie in [0, {vocab}), got [{idx.min()}, {idx.max()}]")
+        B, T = check_tokens(idx, self.config.vocab_size, start=start,
+                            block_size=self.config.block_size if self.config.pos_emb else None,
+                            cache_batch=cache.batch_size if cache is not None and start else None)
+        return B, T, start
 
+    def forward(self, idx: torch.Tensor, cache: LMCache | None = None) -> torch.Tensor:
+        B, T, start = self._check(idx, cache)
         x = self.transformer.wte(idx)  # [B, T, d]
         if self.config.pos_emb:
             pos = torch.arange(start, start + T, device=idx.device)  # [T]
