@@ -384,21 +384,17 @@ def max_logits_per_head(q: torch.Tensor, k: torch.Tensor, scale: float | None = 
     return logits.amax(dim=(0, 2, 3))
 
 
-def _attention_kind(layer) -> str:
-    from .layers import MultiHeadLatentAttention, SoftmaxAttention
-
-    if isinstance(layer, MultiHeadLatentAttention):
-        return "mla"
-    if isinstance(layer, SoftmaxAttention):
-        if layer.conv_size:
-            raise ValueError("QK-Clip: this SoftmaxAttention has a short convolution (with a "
-                             "SiLU) on q and k, so scaling the projections does not scale the "
-                             "logits; QK-Clip needs q and k linear in their weights")
-        return "mha"
-    raise TypeError(f"QK-Clip: supported layers are SoftmaxAttention (q_proj, k_proj) and "
-                    f"MultiHeadLatentAttention (q_proj or q_b_proj, kv_b_proj), got "
-                    f"{type(layer).__name__} (a layer with RMS-normalised q and k, such as "
-                    "GatedAttention, bounds its logits by the norms' weights instead)")
+def _clippable(layer) -> None:
+    """``TypeError`` unless ``layer`` owns a QK-Clip rule (``qk_logits`` and ``qk_clip_rows_``:
+    :class:`~tinyk3.layers.SoftmaxAttention`, :class:`~tinyk3.layers.MultiHeadLatentAttention`);
+    the layer's own ``check_qk_clip`` raises ``ValueError`` where its logits are not linear in
+    the weights it would scale."""
+    if not (hasattr(layer, "qk_clip_rows_") and hasattr(layer, "qk_logits")):
+        raise TypeError(f"QK-Clip: supported layers are SoftmaxAttention (q_proj, k_proj) and "
+                        f"MultiHeadLatentAttention (q_proj or q_b_proj, kv_b_proj), got "
+                        f"{type(layer).__name__} (a layer with RMS-normalised q and k, such as "
+                        "GatedAttention, bounds its logits by the norms' weights instead)")
+    layer.check_qk_clip()
 
 
 @torch.no_grad()
@@ -409,17 +405,9 @@ def attention_max_logits(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     :class:`~tinyk3.layers.SoftmaxAttention`: ``q · k / √D`` per head.
     :class:`~tinyk3.layers.MultiHeadLatentAttention`: ``(q_nope · k_nope + q_rope · k_rope) ·
     (dn + dr)^-½`` with the shared ``k_rope`` (rotated, unless NoPE)."""
-    kind = _attention_kind(layer)
-    if kind == "mha":
-        q, k, _, _ = layer.qkv(x)
-        return max_logits_per_head(q, k, layer.head_dim ** -0.5)
-    q_nope, q_rope = layer.queries(x)
-    c, k_rope = layer.latents(x)
-    k_nope, _ = layer.expand(c)
-    k_rope = k_rope.unsqueeze(1).expand(-1, layer.n_head, -1, -1)
-    q = torch.cat([q_nope, q_rope], dim=-1)
-    k = torch.cat([k_nope, k_rope], dim=-1)
-    return max_logits_per_head(q, k, layer.scale)
+    _clippable(layer)
+    q, k, scale = layer.qk_logits(x)
+    return max_logits_per_head(q, k, scale)
 
 
 def qk_clip_factors(max_logits: torch.Tensor, tau: float = 100.0) -> torch.Tensor:
@@ -449,7 +437,7 @@ def qk_clip_(layer: nn.Module, max_logits: torch.Tensor, tau: float = 100.0,
     the shared rope key untouched (Megatron-LM's ``clip_qk``). Heads at or below ``tau`` are
     multiplied by exactly 1 (unchanged bit for bit); if no head exceeds it, nothing is written.
     The optimiser's state is not touched."""
-    kind = _attention_kind(layer)
+    _clippable(layer)
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"qk_clip_: alpha must be in [0, 1], got {alpha!r}")
     H = layer.n_head
@@ -457,22 +445,8 @@ def qk_clip_(layer: nn.Module, max_logits: torch.Tensor, tau: float = 100.0,
         raise ValueError(f"qk_clip_: max_logits must be a tensor [H={H}], got "
                          f"{tuple(getattr(max_logits, 'shape', ()))}")
     eta = qk_clip_factors(max_logits.detach().float(), tau)
-    if not bool((eta < 1).any()):
-        return eta
-    if kind == "mha":
-        D = layer.head_dim
-        for proj, power in ((layer.q_proj, alpha), (layer.k_proj, 1 - alpha)):
-            s = eta.pow(power).repeat_interleave(D).to(proj.weight)  # [H·D]
-            proj.weight.mul_(s[:, None])
-            if proj.bias is not None:
-                proj.bias.mul_(s)
-        return eta
-    dn, dr, dv = layer.qk_nope_head_dim, layer.qk_rope_head_dim, layer.v_head_dim
-    q_proj = layer.q_b_proj if layer.q_lora_rank else layer.q_proj
-    s_q = torch.cat([eta.pow(alpha)[:, None].expand(H, dn), eta[:, None].expand(H, dr)], 1)
-    q_proj.weight.mul_(s_q.reshape(-1, 1).to(q_proj.weight))
-    s_kv = torch.cat([eta.pow(1 - alpha)[:, None].expand(H, dn), torch.ones(H, dv)], 1)
-    layer.kv_b_proj.weight.mul_(s_kv.reshape(-1, 1).to(layer.kv_b_proj.weight))
+    if bool((eta < 1).any()):
+        layer.qk_clip_rows_(eta, alpha)  # the layer's rule: which rows take which power of η
     return eta
 
 
@@ -499,7 +473,7 @@ class QKClip:
         self.layers: dict[str, nn.Module] = {}
         for name, module in model.named_modules():
             try:
-                _attention_kind(module)
+                _clippable(module)
             except TypeError:
                 continue
             self.layers[name] = module

@@ -245,6 +245,32 @@ class MultiHeadLatentAttention(nn.Module):
         ours.load_state_dict(sd)
         return ours
 
+    # -- QK-Clip (chapter 16, tinyk3.optim): this layer's rule ----------------------------------
+
+    def check_qk_clip(self) -> None:
+        """MLA's logits are linear in its query and key up-projections: always clippable."""
+
+    def qk_logits(self, x: torch.Tensor):
+        """``(q, k, scale)``: per-head queries and keys ``[q_nope, q_rope]``, ``[k_nope, k_rope]``
+        (the shared ``k_rope`` repeated over heads; rotated unless NoPE) and ``(dn + dr)^-½``."""
+        q_nope, q_rope = self.queries(x)
+        c, k_rope = self.latents(x)
+        k_nope, _ = self.expand(c)
+        k_rope = k_rope.unsqueeze(1).expand(-1, self.n_head, -1, -1)
+        return torch.cat([q_nope, q_rope], dim=-1), torch.cat([k_nope, k_rope], dim=-1), self.scale
+
+    def qk_clip_rows_(self, eta: torch.Tensor, alpha: float) -> None:
+        """Head ``h``'s ``q_nope`` rows times ``η_h^α``, its ``q_rope`` rows times ``η_h`` (the
+        rope key is shared by all heads, so its part of the logit is scaled through the query
+        alone), its ``W_UK`` rows of ``kv_b_proj`` times ``η_h^(1−α)``; ``W_UV`` untouched
+        (Megatron-LM's ``clip_qk``)."""
+        H, dn, dr, dv = self.n_head, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+        q_proj = self.q_b_proj if self.q_lora_rank else self.q_proj
+        s_q = torch.cat([eta.pow(alpha)[:, None].expand(H, dn), eta[:, None].expand(H, dr)], 1)
+        q_proj.weight.mul_(s_q.reshape(-1, 1).to(q_proj.weight))
+        s_kv = torch.cat([eta.pow(1 - alpha)[:, None].expand(H, dn), torch.ones(H, dv)], 1)
+        self.kv_b_proj.weight.mul_(s_kv.reshape(-1, 1).to(self.kv_b_proj.weight))
+
     def extra_repr(self) -> str:
         q = f"q_lora_rank={self.q_lora_rank}, " if self.q_lora_rank else ""
         return (f"d_model={self.d_model}, n_head={self.n_head}, {q}kv_lora_rank={self.kv_lora_rank}, "

@@ -62,6 +62,30 @@ class SoftmaxAttention(Mixer):
             )
         return k, v
 
+    # -- QK-Clip (chapter 16, tinyk3.optim): this layer's rule ----------------------------------
+
+    def check_qk_clip(self) -> None:
+        """QK-Clip scales the projections, so the logits must be linear in them."""
+        if self.conv_size:
+            raise ValueError("QK-Clip: this SoftmaxAttention has a short convolution (with a "
+                             "SiLU) on q and k, so scaling the projections does not scale the "
+                             "logits; QK-Clip needs q and k linear in their weights")
+
+    def qk_logits(self, x: torch.Tensor):
+        """``(q, k, scale)``: the queries and keys of ``x`` and the logits' scale ``D^-½``."""
+        q, k, _, _ = self.qkv(x)
+        return q, k, self.head_dim ** -0.5
+
+    def qk_clip_rows_(self, eta: torch.Tensor, alpha: float) -> None:
+        """Head ``h``'s rows of ``q_proj`` times ``η_h^α`` and of ``k_proj`` times
+        ``η_h^(1−α)`` (weights and biases): every logit of the head times ``η_h``."""
+        D = self.head_dim
+        for proj, power in ((self.q_proj, alpha), (self.k_proj, 1 - alpha)):
+            s = eta.pow(power).repeat_interleave(D).to(proj.weight)  # [H·D]
+            proj.weight.mul_(s[:, None])
+            if proj.bias is not None:
+                proj.bias.mul_(s)
+
     def state_numel(self, batch_size: int, length: int) -> int:
         """Numbers in the KV cache after ``length`` tokens: K and V, ``2·B·H·T·D``."""
         return 2 * batch_size * self.n_head * length * self.head_dim + self._conv_numel(batch_size)
