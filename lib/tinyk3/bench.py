@@ -104,7 +104,31 @@ def matmul_flops(n: int = 512, dtype=torch.float32, repeats: int = 10, device: s
 
 
 
-RULES = ("delta_rule", "gated_delta_rule", "kda")
+# rule -> fla's code for it: (module, name) of its reference chunked form (CPU) and of its
+# Triton kernel (GPU), and whether it takes a gate (fla's order: g before beta). A rule added to
+# tinyk3.ops is one more row here.
+FLA_CODE = {
+    "delta_rule": (("fla.ops.delta_rule.naive", "delta_rule_chunkwise"),
+                   ("fla.ops.delta_rule", "chunk_delta_rule"), False),
+    "gated_delta_rule": (("fla.ops.gated_delta_rule.naive", "naive_chunk_gated_delta_rule"),
+                         ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"), True),
+    "kda": (("fla.ops.kda.naive", "naive_chunk_kda"), ("fla.ops.kda", "chunk_kda"), True),
+}
+RULES = tuple(FLA_CODE)
+GATE_SHAPES = {"delta_rule": None, "gated_delta_rule": "head", "kda": "channel"}
+
+
+def _fla(rule: str, which: int):
+    """fla's function (``which`` 0: the reference chunked form, 1: the kernel) and whether it
+    is gated, or ``(None, gated)`` when fla is not installed or its import fails."""
+    import importlib
+
+    *code, gated = FLA_CODE[rule]
+    module, name = code[which]
+    try:
+        return getattr(importlib.import_module(module), name), gated
+    except Exception:  # not installed, or its import fails (it needs triton)
+        return None, gated
 
 
 def fla_chunkwise(rule: str = "delta_rule"):
@@ -115,38 +139,24 @@ def fla_chunkwise(rule: str = "delta_rule"):
     ``beta``); ``kda``: ``naive_chunk_kda`` (``[B, T, H, D]``, ``T`` a multiple of the chunk). The
     transposes to fla's layout are done once, outside the timed call (:func:`bench_delta_rule`). fla
     scales ``q`` by ``Dk^-0.5``, which does not change its speed."""
-    try:
-        if rule == "delta_rule":
-            from fla.ops.delta_rule.naive import delta_rule_chunkwise
-
-            return lambda q, k, v, beta, g, C: delta_rule_chunkwise(q, k, v, beta, chunk_size=C)
-        if rule == "gated_delta_rule":
-            from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule as f
-
-            return lambda q, k, v, beta, g, C: f(q, k, v, g, beta, chunk_size=C)
-        from fla.ops.kda.naive import naive_chunk_kda as f
-
-        return lambda q, k, v, beta, g, C: f(q, k, v, g, beta, chunk_size=C)
-    except Exception:  # not installed, or its import fails (it needs triton)
+    f, gated = _fla(rule, 0)
+    if f is None:
         return None
+    if gated:
+        return lambda q, k, v, beta, g, C: f(q, k, v, g, beta, chunk_size=C)
+    return lambda q, k, v, beta, g, C: f(q, k, v, beta, chunk_size=C)
 
 
 def fla_chunk_kernel(rule: str = "delta_rule"):
     """fla's Triton kernel for ``rule`` (GPU only: ``chunk_delta_rule``, ``chunk_gated_delta_rule``,
     ``chunk_kda``), as a function of ``(q, k, v, beta, g)`` in fla's layout ``[B, T, H, D]``
     with ``scale=1.0``, or ``None`` without fla."""
-    try:
-        if rule == "delta_rule":
-            from fla.ops.delta_rule import chunk_delta_rule
-
-            return lambda q, k, v, beta, g: chunk_delta_rule(q, k, v, beta, scale=1.0)
-        if rule == "gated_delta_rule":
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as f
-        else:
-            from fla.ops.kda import chunk_kda as f
-        return lambda q, k, v, beta, g: f(q, k, v, g, beta, scale=1.0)
-    except Exception:
+    f, gated = _fla(rule, 1)
+    if f is None:
         return None
+    if gated:
+        return lambda q, k, v, beta, g: f(q, k, v, g, beta, scale=1.0)
+    return lambda q, k, v, beta, g: f(q, k, v, beta, scale=1.0)
 
 
 def triton_chunked(rule: str = "delta_rule"):
@@ -164,7 +174,7 @@ def _rule_inputs(rule, B, H, T, D, seed):
     q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
     k = torch.nn.functional.normalize(k, dim=-1)
     beta = torch.rand(B, H, T, generator=g)
-    shape = {"delta_rule": None, "gated_delta_rule": (B, H, T), "kda": (B, H, T, D)}[rule]
+    shape = {None: None, "head": (B, H, T), "channel": (B, H, T, D)}[GATE_SHAPES[rule]]
     gate = None if shape is None else -torch.rand(*shape, generator=g)
     return q, k, v, beta, gate
 
