@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_caught, assert_passes, assert_two_named_wrong_answers, run
+from helpers import run
 from tinyk3 import checks
 
 # -- chunked.linear_attention ----------------------------------------------------------------------
@@ -206,21 +205,6 @@ CH6 = ("chunked.linear_attention", "chunked.flops")
 def test_chapter_6_exercises_are_registered():
     for exercise_id in CH6:
         assert checks.EXERCISES[exercise_id].chapter == 6
-
-
-@pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
-                         ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
-def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    assert_caught(exercise_id, fn, mistake, capsys)
-
-
-def test_every_exercise_has_two_realistic_wrong_answers_matching_a_mistake():
-    assert_two_named_wrong_answers(6, sorted(CH6), REALISTIC)
-
-
-@pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{f.__name__}" for e, f in CORRECT])
-def test_realistic_correct_answer_passes(exercise_id, fn):
-    assert_passes(exercise_id, fn)
 
 
 def test_the_posts_loop_is_right_when_c_divides_t_and_short_otherwise():

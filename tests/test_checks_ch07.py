@@ -7,10 +7,8 @@ registered mistake explains the bug (then the exercise's general hint must be sh
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from helpers import assert_caught, assert_passes, assert_two_named_wrong_answers
 from tinyk3 import checks
 
 # -- wy.forward_substitution ----------------------------------------------------------------------
@@ -229,22 +227,6 @@ CORRECT = [
     ("wy.wy_factors", wf_ok_recursion),
     ("wy.wy_factors", wf_ok_kernel_style),
 ]
-
-
-@pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
-                         ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
-def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    assert_caught(exercise_id, fn, mistake, capsys)
-
-
-def test_every_chapter_7_exercise_has_two_hand_written_wrong_answers():
-    ids = ["wy.forward_substitution", "wy.merge_block_inverse", "wy.wy_factors"]
-    assert_two_named_wrong_answers(7, ids, REALISTIC)
-
-
-@pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{f.__name__}" for e, f in CORRECT])
-def test_realistic_correct_answer_passes(exercise_id, fn):
-    assert_passes(exercise_id, fn)
 
 
 def test_reversed_products_run_only_on_equal_blocks():

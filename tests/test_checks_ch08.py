@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_caught, assert_passes, assert_two_named_wrong_answers
 from tinyk3 import checks
 from tinyk3.ops import wy
 
@@ -214,21 +212,6 @@ CORRECT = [
     ("chunkwise.flops", fl_ok_sum_of_products),
     ("chunkwise.flops", fl_ok_integer_inverse),
 ]
-
-
-@pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
-                         ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
-def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    assert_caught(exercise_id, fn, mistake, capsys)
-
-
-def test_every_chapter_8_exercise_has_two_hand_written_wrong_answers():
-    assert_two_named_wrong_answers(8, ["chunkwise.delta_rule", "chunkwise.flops"], REALISTIC)
-
-
-@pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{i}" for i, (e, _) in enumerate(CORRECT)])
-def test_realistic_correct_answer_passes(exercise_id, fn):
-    assert_passes(exercise_id, fn)
 
 
 def test_the_cases_expose_the_remainder_and_the_limits():

@@ -7,10 +7,9 @@ the state bytes to a built model's cache after decoding and to the layers' ``sta
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from helpers import assert_caught, assert_passes, assert_two_named_wrong_answers, run
+from helpers import run
 from tinyk3 import checks
 from tinyk3.layers import KDAConfig, MLAConfig, SwiGLUConfig
 from tinyk3.models import LM, LMConfig, presets
@@ -129,39 +128,6 @@ CORRECT = [
     ("kimi_linear.state_bytes", sb_ok_lib),
     ("kimi_linear.state_bytes", sb_ok_counted),
 ]
-
-IDS = ["kimi_linear.layer_kinds", "kimi_linear.state_bytes"]
-
-
-@pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
-                         ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
-def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    assert_caught(exercise_id, fn, mistake, capsys)
-
-
-def test_every_chapter_15_exercise_has_two_hand_written_wrong_answers():
-    assert_two_named_wrong_answers(15, IDS, REALISTIC)
-
-
-@pytest.mark.parametrize("exercise_id,fn", CORRECT,
-                         ids=[f"{e}:{f.__name__}" for e, f in CORRECT])
-def test_realistic_correct_answer_passes(exercise_id, fn):
-    assert_passes(exercise_id, fn)
-
-
-@pytest.mark.parametrize("exercise_id", IDS)
-def test_raising_and_nan_learners_are_reported_not_raised(exercise_id):
-    def raises(*args):
-        raise KeyError("full_attn_layers")
-
-    result = run(exercise_id, raises)
-    assert result.status == "error" and "KeyError" in result.report
-    if exercise_id == "kimi_linear.state_bytes":
-        result = run(exercise_id, lambda *a: float("nan"))
-        assert result.status == "failed" and "nan" in result.report
-    else:
-        result = run(exercise_id, lambda config: ["kda"] * config["num_hidden_layers"])
-        assert result.status == "failed"
 
 
 def test_the_layer_reference_is_the_presets_and_the_hub_reader():

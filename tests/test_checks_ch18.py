@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 import torch
 
-from helpers import assert_caught, assert_passes, assert_two_named_wrong_answers, run
+from helpers import run
 from tinyk3 import checks, compare
 from tinyk3.models import LM
 
@@ -145,23 +144,6 @@ CORRECT = [
     ("compare.tokens_in_budget", tb_ok_search),
     ("compare.tokens_in_budget", tb_ok_float),
 ]
-
-IDS = ["compare.pareto_front", "compare.tokens_in_budget"]
-
-
-@pytest.mark.parametrize("exercise_id,fn,mistake", REALISTIC,
-                         ids=[f"{e}:{f.__name__}" for e, f, _ in REALISTIC])
-def test_realistic_wrong_answer_is_caught(exercise_id, fn, mistake, capsys):
-    assert_caught(exercise_id, fn, mistake, capsys)
-
-
-def test_every_chapter_18_exercise_has_two_hand_written_wrong_answers():
-    assert_two_named_wrong_answers(18, IDS, REALISTIC)
-
-
-@pytest.mark.parametrize("exercise_id,fn", CORRECT, ids=[f"{e}:{f.__name__}" for e, f in CORRECT])
-def test_realistic_correct_answer_passes(exercise_id, fn):
-    assert_passes(exercise_id, fn)
 
 
 def test_division_by_zero_and_nan_are_reported_not_raised():
