@@ -111,3 +111,13 @@ def test_stamp_names_commit_dirty_flag_versions_and_hardware(monkeypatch):
 
 def test_git_commit_outside_a_checkout(tmp_path):
     assert bench.git_commit(tmp_path) == ("unknown", None)
+
+
+def test_moving_mean():
+    from tinyk3.util import moving_mean
+
+    assert moving_mean([1, 2, 3, 4], 2) == [1.0, 1.5, 2.5, 3.5]
+    assert moving_mean([5.0], 10) == [5.0] and moving_mean([], 3) == []
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="window"):
+            moving_mean([1, 2], bad)

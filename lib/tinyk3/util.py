@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["max_diff"]
+__all__ = ["max_diff", "moving_mean"]
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -14,6 +14,16 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
         raise TypeError(f"max_diff takes two tensors, got {type(a).__name__} and {type(b).__name__}")
     d = a.detach().to(torch.float64) - b.detach().to(device=a.device, dtype=torch.float64)
     return d.abs().max().item() if d.numel() else 0.0
+
+
+def moving_mean(values, window: int = 10) -> list[float]:
+    """The mean of each value and the ``window − 1`` before it (fewer at the start): a
+    training curve smoothed for a plot, as long as ``values``."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"moving_mean: window must be a positive int, got {window!r}")
+    values = [float(v) for v in values]
+    return [sum(values[max(0, i - window + 1): i + 1]) / min(window, i + 1)
+            for i in range(len(values))]
 
 
 def import_without_fla(name: str):

@@ -81,7 +81,7 @@ from tinyk3.bench import stamp
 from tinyk3.layers import moe
 from tinyk3.models import count_parameters, presets
 from tinyk3.timing import distinguishable, time_fn
-from tinyk3.util import import_without_fla, max_diff
+from tinyk3.util import import_without_fla, max_diff, moving_mean
 
 N_TIME = 512 if SMOKE else 4096  # tokens in the timing of the expert forms
 N_BAL = 1024 if SMOKE else 4096  # tokens routed in each step of the balancing run
@@ -903,15 +903,10 @@ for name, runs_ in toy.items():
           f"{sum(vals) / len(vals):10.4f} ± {(max(vals) - min(vals)) / 2:.4f}")
 
 # %% mystnb={"figure": {"caption": "Balancing a router that trains: one MoE layer (16 experts, 2 per token) on a skewed regression task, trained with no balancing, DeepSeek-V3's sign rule at two speeds, an auxiliary loss at two strengths and Kimi K3's Quantile Balancing (1,000-bin histogram). Left: the busiest expert's load over the mean load, averaged over 10 steps and over the seeds (log axis). Right: the held-out loss at the end against the final busiest-expert ratio, one point per seed.", "name": "fig-moe-quantile-training"}, "image": {"alt": "Left, lines of busiest load over mean load against training steps, one per rule. Without balancing the line rises to several times the mean and stays there; the slow sign rule and the weak auxiliary loss come down part of the way; the fast sign rule, the strong auxiliary loss and the quantile rule come down to within about one and a half times the mean, the quantile rule lowest and soonest. Right, a scatter of held-out loss against final busiest ratio, one marker per seed and rule: the points of the rules that balance best sit at the left, at losses between those of the unbalanced runs and above the slow sign rule's; the strong auxiliary loss sits highest."}}
-def smooth(series, k=10):
-    return [sum(series[max(0, i - k + 1): i + 1]) / min(k, i + 1)
-            for i in range(len(series))]
-
-
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.7, 3.3), layout="constrained")
 for c, (name, runs_) in enumerate(toy.items()):
     mean_hi = [sum(v) / len(v) for v in zip(*(r["hi"] for r in runs_))]
-    ax1.plot(range(1, TOY_STEPS + 1), smooth(mean_hi), color=f"C{c}", lw=1.4,
+    ax1.plot(range(1, TOY_STEPS + 1), moving_mean(mean_hi), color=f"C{c}", lw=1.4,
              label=name)
     ax2.scatter([sum(r["hi"][-tail:]) / tail for r in runs_], [r["val"] for r in runs_],
                 color=f"C{c}", s=18)

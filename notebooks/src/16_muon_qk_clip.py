@@ -83,7 +83,7 @@ from tinyk3.layers import MLAConfig, MultiHeadLatentAttention, SoftmaxAttention
 from tinyk3.models import LM, LMConfig
 from tinyk3.timing import time_fn
 from tinyk3.train import evaluate_loss
-from tinyk3.util import max_diff
+from tinyk3.util import max_diff, moving_mean
 
 STEPS_CLIP = 30 if SMOKE else 300  # steps of each run of the QK-Clip experiment
 STEPS_CMP = 20 if SMOKE else 200  # steps of each run of Muon against AdamW
@@ -645,18 +645,12 @@ for name, r in runs_clip.items():
           f"{sum(r['loss'][-last:]) / last:.3f}; validation loss {r['val']:.3f}")
 
 # %% mystnb={"figure": {"caption": "Training the tiny two-layer MLA model with Muon at a high constant learning rate (0.08), without and with QK-Clip at τ = 100: the largest attention logit over all heads in each step's forward pass (top, log axis) and the training loss, averaged over 10 steps (bottom). One seed.", "name": "fig-qk-clip-training"}, "image": {"alt": "Two panels against training steps. Top, on a logarithmic axis: without the clip the largest logit climbs steadily past one hundred into the thousands; with the clip it rises like the other until it reaches about one hundred and then stays near that level, with small excursions above it. Bottom: the two training-loss curves, which fall together at first; the numbers printed above the figure give where each ends."}}
-def smooth(values, k=10):
-    k = max(1, min(k, len(values)))
-    windows = [values[max(0, i - k + 1): i + 1] for i in range(len(values))]
-    return [sum(w) / len(w) for w in windows]
-
-
 fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.7, 5.0), sharex=True,
                                layout="constrained")
 for name, r in runs_clip.items():
     steps = range(1, len(r["loss"]) + 1)
     ax1.plot(steps, r["max_logit"], label=name, lw=1.3)
-    ax2.plot(steps, smooth(r["loss"]), label=name, lw=1.3)
+    ax2.plot(steps, moving_mean(r["loss"]), label=name, lw=1.3)
 ax1.axhline(TAU, color="k", lw=0.6, ls=":")
 ax1.set_yscale("log")
 ax1.set_ylabel("largest logit")
@@ -709,7 +703,7 @@ print(f"AdamW minus Muon {best['adamw'][0] - best['muon'][0]:+.3f}, Muon minus "
 # %% mystnb={"figure": {"caption": "Training loss (mean of 10 steps) of the tiny MLA model with AdamW, with Muon and with Per-Head Muon (AdamW for the embedding, head and norms in both), each at two constant learning rates, on the same batches and budget. One seed.", "name": "fig-muon-vs-adamw"}, "image": {"alt": "Six training-loss curves against training steps, Muon solid, Per-Head Muon dash-dotted and AdamW dashed, all starting near the loss of a uniform guess over bytes and falling; the validation losses printed above the figure give where each run ends."}}
 fig, ax = plt.subplots(figsize=(6.7, 3.4), layout="constrained")
 for (opt, lr), r in runs_cmp.items():
-    ax.plot(range(1, len(r["loss"]) + 1), smooth(r["loss"]), lw=1.3,
+    ax.plot(range(1, len(r["loss"]) + 1), moving_mean(r["loss"]), lw=1.3,
             ls={"muon": "-", "muon per head": "-.", "adamw": "--"}[opt],
             label=f"{opt}, lr {lr:g}")
 ax.set_xlabel("step")

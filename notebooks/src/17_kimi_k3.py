@@ -980,7 +980,8 @@ print(f"distinct values in the decoded block: {back.unique().numel()} (of 15 pos
 # nothing is clipped but the grid is twice as coarse where the OCP rule would have clipped):
 
 # %%
-def rel_err(w, w_hat):
+def rms_rel_err(w, w_hat):
+    """||w_hat − w||_F / ||w||_F: the relative RMS error of a rounding."""
     return ((w_hat - w).norm() / w.norm()).item()
 
 
@@ -990,10 +991,10 @@ weights = {"Gaussian": torch.randn(256, 1024, dtype=torch.float64),
            "heavy-tailed (t, 3 d.o.f.)": t_dist.sample((256, 1024)).double()}
 print(f"{'':>27s}{'bf16':>9s}{'MXFP4, OCP':>12s}{'MXFP4, no clip':>16s}")
 for name, w in weights.items():
-    errs = [rel_err(w, w.bfloat16().double())]
+    errs = [rms_rel_err(w, w.bfloat16().double())]
     for rule in mxfp4.SCALE_RULES:
         packed_w, scale_w = mxfp4.quantize_mxfp4(w, scale_rule=rule)
-        errs.append(rel_err(w, mxfp4.dequantize_mxfp4(packed_w, scale_w,
+        errs.append(rms_rel_err(w, mxfp4.dequantize_mxfp4(packed_w, scale_w,
                                                      dtype=torch.float64)))
     RESULTS[f"MXFP4 relative error, {name}"] = errs[1]
     print(f"{name:>27s}" + "".join(f"{e:>{w_}.4f}" for e, w_ in zip(errs, (9, 12, 16))))
@@ -1025,7 +1026,7 @@ loss_before = evaluate_loss(k3_trained, val_data, BATCH, CONTEXT)
 loss_after = evaluate_loss(quantise_experts(k3_trained), val_data, BATCH, CONTEXT)
 experts = [p for mod in k3_trained.modules() if isinstance(mod, moe.Experts)
            for p in (mod.gate_up_proj, mod.down_proj)]
-err = max(rel_err(p.detach().double(), mxfp4.dequantize_mxfp4(
+err = max(rms_rel_err(p.detach().double(), mxfp4.dequantize_mxfp4(
     *mxfp4.quantize_mxfp4(p.detach()), dtype=torch.float64)) for p in experts)
 print(f"routed experts: {sum(p.numel() for p in experts):,} of "
       f"{count_parameters(k3_trained.config).total:,} weights; largest relative error "
