@@ -79,9 +79,10 @@ class Block(nn.Module):
         d = config.n_embd
         self.ln_1 = make_norm(config)
         self.attn = config.layer_mixers[layer].build(d)
-        self.mlp = config.layer_mlps[layer].build(d)  # None: a mixer-only block
-        if self.mlp is not None:
+        mlp = config.layer_mlps[layer]
+        if mlp.kind != "none":  # registered before the MLP: the parameters' order is kept
             self.ln_2 = make_norm(config)
+        self.mlp = mlp.build(d)  # None: a mixer-only block
         self.attn_res = config.attn_res_block_size > 0
         if self.attn_res:  # Kimi K3: the residual stream read through a softmax over depth
             self.block_start = layer % config.attn_res_block_size == 0
