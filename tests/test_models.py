@@ -505,3 +505,15 @@ def test_a_block_without_mlp(attn_res):
         pieces = torch.cat([model(idx[:, :4], cache), model(idx[:, 4:5], cache),
                             model(idx[:, 5:], cache)], dim=1)
     assert (pieces - full).abs().max() < 1e-12
+
+
+def test_block_keeps_its_parameter_order():
+    """ln_1, the mixer, ln_2, the MLP: the order of a block's parameters sets the order in which
+    gradient clipping sums their norms, so moving a module changes training runs by rounding,
+    and the stored notebooks' results with them (a mixer-only block once moved ln_2)."""
+    from tinyk3.layers import SoftmaxAttentionConfig
+
+    cfg = LMConfig(vocab_size=16, block_size=8, n_embd=8,
+                   pattern=(SoftmaxAttentionConfig(n_head=2),), norm="rmsnorm")
+    names = [n.split(".")[3] for n, _ in LM(cfg).named_parameters() if n.startswith("transformer.h.0.")]
+    assert list(dict.fromkeys(names)) == ["ln_1", "attn", "ln_2", "mlp"]
