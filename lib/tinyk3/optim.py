@@ -304,26 +304,17 @@ def per_head_projections(model: nn.Module) -> dict[str, int]:
       ``k_proj``, ``v_proj`` (key/value heads).
 
     ``o_proj`` is never listed: its head axis is on the input side. Layers with one fused
-    projection for everything (Qwen3-Next's Gated DeltaNet) are not listed either."""
-    from .layers import GatedAttention, KimiDeltaAttention, Mixer, MultiHeadLatentAttention
-
+    projection for everything (Qwen3-Next's Gated DeltaNet) are not listed either. Each layer
+    says which of its projections are split by head (its ``qkv_heads()``)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"per_head_projections: expected an nn.Module, got {type(model).__name__}")
     out: dict[str, int] = {}
     for name, m in model.named_modules():
-        prefix = f"{name}." if name else ""
-        if isinstance(m, MultiHeadLatentAttention):
-            q = "q_b_proj" if m.q_lora_rank else "q_proj"
-            parts = {q: m.n_head, "kv_b_proj": m.n_head}
-        elif isinstance(m, KimiDeltaAttention):
-            parts = {"q_proj": m.n_head, "k_proj": m.n_head, "v_proj": m.n_v_head}
-        elif isinstance(m, GatedAttention):
-            parts = {"q_proj": m.n_head, "k_proj": m.n_kv_head, "v_proj": m.n_kv_head}
-        elif isinstance(m, Mixer):
-            parts = {"q_proj": m.n_head, "k_proj": m.n_head, "v_proj": m.n_head}
-        else:
+        qkv_heads = getattr(m, "qkv_heads", None)
+        if qkv_heads is None:
             continue
-        for part, heads in parts.items():
+        prefix = f"{name}." if name else ""
+        for part, heads in qkv_heads().items():
             out[f"{prefix}{part}.weight"] = heads
     return out
 

@@ -109,6 +109,10 @@ class Mixer(nn.Module):
             self.v_conv = ShortConvolution(d_model, conv_size, init=False)
             init_jointly_([self.q_conv, self.k_conv, self.v_conv])  # as one [3d, 1, K] filter
 
+    def qkv_heads(self) -> dict[str, int]:
+        """The projections split by head (Per-Head Muon, :func:`tinyk3.optim.per_head_projections`)."""
+        return {"q_proj": self.n_head, "k_proj": self.n_head, "v_proj": self.n_head}
+
     def forward(self, x: torch.Tensor, state=None):
         """``x [B, T, d]`` and the state returned by the previous call → ``(y [B, T, d], new_state)``."""
         self._check_x(x)

@@ -68,6 +68,11 @@ class GatedAttention(nn.Module):
         rot = rope(x[..., : self.rotary_dim], pos, theta=self.rope_theta)
         return torch.cat([rot, x[..., self.rotary_dim:]], dim=-1)
 
+    def qkv_heads(self) -> dict[str, int]:
+        """The projections split by head (Per-Head Muon); ``q_proj``'s blocks hold each head's
+        query and gate rows."""
+        return {"q_proj": self.n_head, "k_proj": self.n_kv_head, "v_proj": self.n_kv_head}
+
     def forward(self, x: torch.Tensor, state: KVState | None = None):
         check_mixer_input(x, self.d_model, "GatedAttention")
         B, T, _ = x.shape

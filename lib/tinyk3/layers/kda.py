@@ -163,6 +163,10 @@ class KimiDeltaAttention(nn.Module):
         u = self.g_b_proj(self.g_a_proj(x)) if self.output_gate == "low_rank" else self.g_proj(x)
         return u.view(B, T, self.n_v_head, self.v_head_dim)
 
+    def qkv_heads(self) -> dict[str, int]:
+        """The projections split by head (Per-Head Muon): q and k by key head, v by value head."""
+        return {"q_proj": self.n_head, "k_proj": self.n_head, "v_proj": self.n_v_head}
+
     def forward(self, x: torch.Tensor, state: KDAState | None = None):
         """``x [B, T, d]`` and the state returned by the previous call (``None`` to start) →
         ``(y [B, T, d], new_state)``. The state passed in is not modified."""

@@ -181,6 +181,11 @@ class MultiHeadLatentAttention(nn.Module):
         return causal_softmax(scores * self.scale) @ v
 
     # -- the layer ----------------------------------------------------------------------------
+    def qkv_heads(self) -> dict[str, int]:
+        """The projections split by head (Per-Head Muon): the query rows and ``kv_b_proj`` (each
+        head's key and value rows together); the latent down-projections have no head axis."""
+        return {"q_b_proj" if self.q_lora_rank else "q_proj": self.n_head, "kv_b_proj": self.n_head}
+
     def forward(self, x: torch.Tensor, state: LatentState | None = None):
         """``x [B, T, d]`` and the previous state → ``(y [B, T, d], LatentState)``."""
         check_mixer_input(x, self.d_model, "MultiHeadLatentAttention")

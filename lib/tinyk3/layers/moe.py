@@ -455,9 +455,8 @@ class Balancer:
         zero for the other rules."""
         if self.rule != "aux":
             return torch.zeros(())
-        parts = [balance_loss(s[-1], i[-1], self.routers[n].top_k)
-                 for n, (s, i) in ((n, (self._scores[n], self._indices[n])) for n in self.routers)
-                 if s]
+        parts = [balance_loss(self._scores[n][-1], self._indices[n][-1], router.top_k)
+                 for n, router in self.routers.items() if self._scores[n]]
         return self.alpha * sum(parts) if parts else torch.zeros(())
 
     @torch.no_grad()
