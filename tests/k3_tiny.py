@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from tinyk3.util import random_value
+
 SIZES = dict(D=32, V=96, H=2, DK=8, K=4, HQ=4, RQ=16, R=12, DN=8, DR=4, DV=6, E=8, TOPK=3,
              HE=6, L=12, NS=1, DENSE=40)
 
@@ -110,22 +112,16 @@ def checkpoint(text: dict, seed: int = 0, *, pack=None, a_log_pad: int = 0) -> d
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, shape in shapes(text).items():
-        if name.endswith("A_log"):
-            t = torch.empty(shape).uniform_(1, 16, generator=g).log()
-            if a_log_pad:  # the release: more entries than heads, the extra ones junk
-                t = torch.cat([t.reshape(-1), torch.full((a_log_pad,), 99.0)]).reshape(1, 1, -1, 1)
-        elif name.endswith("dt_bias"):
-            t = torch.randn(shape, generator=g) - 1.0
-        elif name.endswith("e_score_correction_bias"):
+        if name.endswith("e_score_correction_bias"):
             t = 0.1 * torch.randn(shape, generator=g)
         elif name.endswith("proj_weight"):  # the depth mixes: logits of order one
             t = 2 * torch.randn(shape, generator=g) / math.sqrt(shape[-1])
-        elif "norm" in name:
-            t = 1 + 0.2 * torch.randn(shape, generator=g)
         elif "conv1d" in name:
             t = 0.5 * torch.randn(shape, generator=g)
         else:
-            t = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+            t = random_value(name, shape, g, decay=(1, 16), dt_shift=-1.0)
+        if name.endswith("A_log") and a_log_pad:  # the release: more entries than heads, junk
+            t = torch.cat([t.reshape(-1), torch.full((a_log_pad,), 99.0)]).reshape(1, 1, -1, 1)
         if pack is not None and ".experts." in name:
             packed, scale = pack(t)
             base = name.removesuffix(".weight")

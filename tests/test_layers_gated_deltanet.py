@@ -9,8 +9,6 @@ transformers binds its Triton kernels, which fail on CPU).
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -25,6 +23,7 @@ from tinyk3.layers import (
     mixer_config,
     state_nbytes,
 )
+from tinyk3.util import randomise_
 
 HF_TOL = 1e-4  # float32, ours against transformers' (measured ≤ 3.4e-6, outputs ≈ 4)
 STEP_TOL = 1e-5  # float32, decoding against the full forward (measured ≤ 1e-6)
@@ -53,19 +52,7 @@ def _hf_layer(hf, shape, *, d=32, K=4, seed=0):
     cfg = Config(hidden_size=d, num_hidden_layers=1, linear_num_key_heads=Hk,
                  linear_num_value_heads=Hv, linear_key_head_dim=Dk, linear_value_head_dim=Dv,
                  linear_conv_kernel_dim=K, layer_types=["linear_attention"])
-    layer = q3.Qwen3NextGatedDeltaNet(cfg, layer_idx=0).float().eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if name == "A_log":
-                p.copy_(torch.empty(p.shape).uniform_(0.01, 16, generator=gen).log())
-            elif name == "dt_bias":
-                p.copy_(torch.randn(p.shape, generator=gen) - 3.0)
-            elif name == "norm.weight":
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-    return layer
+    return randomise_(q3.Qwen3NextGatedDeltaNet(cfg, layer_idx=0).float().eval(), seed)
 
 
 def _x(B, T, d, seed=1):

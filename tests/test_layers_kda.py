@@ -27,6 +27,7 @@ from tinyk3.layers import (
     mixer_config,
     state_nbytes,
 )
+from tinyk3.util import randomise_
 
 HF_TOL = 1e-4  # float32, ours against transformers' (measured 3e-7 to 6e-6, outputs ≈ 2)
 LOOP_TOL = 1e-10  # float64, ours against the token loop written here
@@ -49,18 +50,7 @@ def _hf_layer(hf, *, d=32, H=2, D=8, K=4, eps=1e-5, seed=0):
                  layer_types=["linear_attention"],
                  linear_attn_config={"head_dim": D, "num_heads": H, "short_conv_kernel_size": K})
     layer = kl.KimiLinearDeltaAttention(cfg, layer_idx=0).float().eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(1, 16, generator=gen).log())
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) - 3.0)  # dt ≈ softplus(−3 ± 1)
-            elif name == "o_norm.weight":
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-    return layer
+    return randomise_(layer, seed, decay=(1, 16))  # dt ≈ softplus(−3 ± 1)
 
 
 def _x(B, T, d, seed=1, dtype=torch.float32):

@@ -11,14 +11,13 @@ checked in ``tests/test_models_k3.py`` once it is built.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
 from tinyk3.layers import KimiDeltaAttention, MoE, MultiHeadLatentAttention, SwiGLU
 from tinyk3.layers.moe import situ
+from tinyk3.util import random_value
 
 mx = pytest.importorskip("mlx.core")
 k3 = pytest.importorskip("mlx_lm.models.kimi_k3")
@@ -57,16 +56,10 @@ def _random(shapes: dict[str, tuple], seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, shape in shapes.items():
-        if name.endswith("A_log"):
-            out[name] = torch.empty(shape).uniform_(1, 16, generator=g).log()
-        elif name.endswith("dt_bias"):
-            out[name] = torch.randn(shape, generator=g) - 1.0
-        elif name.endswith("e_score_correction_bias"):
+        if name.endswith("e_score_correction_bias"):
             out[name] = 0.1 * torch.randn(shape, generator=g)
-        elif "norm" in name:
-            out[name] = 1 + 0.2 * torch.randn(shape, generator=g)
         else:
-            out[name] = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+            out[name] = random_value(name, shape, g, decay=(1, 16), dt_shift=-1.0)
     return out
 
 

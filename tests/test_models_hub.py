@@ -12,7 +12,6 @@ multi-token-prediction layer to drop) gives the same model; the presets' counts.
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ import torch
 from helpers import import_without_fla
 from tinyk3.models import LM, count_parameters, from_checkpoint, from_hf, presets
 from tinyk3.models.hub import convert_state_dict, lm_config_from_hf
+from tinyk3.util import randomise_
 
 LOGIT_TOL = 1e-4  # float32, the issue's bound (measured 4e-6 DeepSeek-V3, 2.3e-5 Qwen3-Next,
 # on logits up to ≈ 5; each layer alone agrees to ≤ 1.6e-6, and four layers of unit-gain random
@@ -29,23 +29,12 @@ CACHE_TOL = 1e-10  # float64, piecewise decoding against the full forward (measu
 
 
 def _randomise(model, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(0.01, 16, generator=gen).log())
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) - 3.0)
-            elif "norm" in name:
-                centred = "qwen3" in type(model).__name__.lower() and "linear_attn.norm" not in name
-                base = 0.0 if centred else 1.0
-                p.copy_(base + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(0.05 * torch.randn(b.shape, generator=gen))
-    return model
+    qwen3 = "qwen3" in type(model).__name__.lower()
+
+    def centre(name):  # Qwen3-Next's norms store 1 + w, except the linear layers' gated norm
+        return 0.0 if qwen3 and "linear_attn.norm" not in name else 1.0
+
+    return randomise_(model, seed, norm_centre=centre, bias_std=0.05)
 
 
 def _dist(a, b) -> float:

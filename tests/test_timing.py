@@ -121,3 +121,35 @@ def test_moving_mean():
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="window"):
             moving_mean([1, 2], bad)
+
+
+def test_randomise_draws_each_kind_of_parameter_by_its_rule():
+    from torch import nn
+
+    from tinyk3.util import randomise_
+
+    class Toy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(400, 300, bias=False)
+            self.A_log = nn.Parameter(torch.zeros(4000))
+            self.dt_bias = nn.Parameter(torch.zeros(4000))
+            self.o_norm = nn.Module()
+            self.o_norm.weight = nn.Parameter(torch.ones(4000))
+            self.register_buffer("e_score_correction_bias", torch.zeros(8))
+            self.register_buffer("inv_freq", torch.arange(3.0))
+
+    m = randomise_(Toy(), seed=3, decay=(2.0, 5.0), dt_shift=-3.0)
+    rate = m.A_log.detach().exp()
+    assert 2.0 <= rate.min() and rate.max() <= 5.0 and abs(rate.mean() - 3.5) < 0.1
+    assert abs(m.dt_bias.mean() + 3.0) < 0.1 and abs(m.dt_bias.std() - 1.0) < 0.1
+    assert abs(m.o_norm.weight.mean() - 1.0) < 0.02 and abs(m.o_norm.weight.std() - 0.2) < 0.02
+    assert abs(m.proj.weight.std() - 400 ** -0.5) < 0.002  # N(0, 1/fan_in)
+    assert m.e_score_correction_bias.abs().max() == 0 and m.inv_freq.tolist() == [0, 1, 2]
+    same = randomise_(Toy(), seed=3, decay=(2.0, 5.0))
+    assert torch.equal(same.proj.weight, m.proj.weight)  # the seed fixes every draw
+    m = randomise_(Toy(), seed=3, norm_centre=lambda name: 0.0, bias_std=0.5)
+    assert abs(m.o_norm.weight.mean()) < 0.02 and m.e_score_correction_bias.abs().max() > 0
+    assert m.inv_freq.tolist() == [0, 1, 2]  # other buffers untouched
+    with pytest.raises(TypeError, match="nn.Module"):
+        randomise_(torch.zeros(3))

@@ -658,7 +658,7 @@ MIXERS = ["softmax", "linear", "deltanet"]
 SEEDS = {"softmax": [0], "linear": [0, 1], "deltanet": [0, 1]}
 
 
-def build(mixer, seed):
+def build_mixer_lm(mixer, seed):
     torch.manual_seed(seed)
     # the length of a sequence at the largest P
     longest = mqar_seq_len(max(EVAL_PAIRS), show_answers=False)
@@ -674,7 +674,7 @@ held_out, accuracy_at = held.sets, held.accuracy
 
 
 def train_mqar(mixer, seed):
-    model = build(mixer, seed)
+    model = build_mixer_lm(mixer, seed)
     result = train_batches(model, batch_fn, steps=MQAR_STEPS, lr=1e-2, seed=seed,
                            warmup=min(50, MQAR_STEPS // 10),
                            eval_every=max(1, MQAR_STEPS // 16), progress=False,

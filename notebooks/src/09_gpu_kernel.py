@@ -118,7 +118,7 @@ DESIGNS = ([("bfloat16", "tf32")] if SMOKE
            else [("float32", "tf32"), ("float32", "ieee"), ("bfloat16", "tf32")])
 
 
-def inputs(B, H, T, Dk, Dv, seed, dtype=torch.float32):
+def kernel_inputs(B, H, T, Dk, Dv, seed, dtype=torch.float32):
     """Unit keys, β in (0, 1), standard normal queries and values,
     a random initial state."""
     g = torch.Generator().manual_seed(seed)
@@ -287,7 +287,7 @@ else:
 # %%
 if kernels.AVAILABLE:
     B, H, T, D, C = 2, 3, 37, 20, 16
-    _, k, _, beta, _ = inputs(B, H, T, D, D, seed=0)
+    _, k, _, beta, _ = kernel_inputs(B, H, T, D, D, seed=0)
     a = scaled_kkt(k, beta, C)  # [B, H, T, C]
     N, pad = -(-T // C), -T % C
     # chunks, zero-padded   [B, H, N, C, D]
@@ -344,7 +344,7 @@ show_part(kd._wy_kernel, "b_N = -b_L", "b_UT = to_operand")
 
 # %%
 C = 16
-_, k, _, beta, _ = inputs(1, 1, C, 32, 32, seed=1)
+_, k, _, beta, _ = kernel_inputs(1, 1, C, 32, 32, seed=1)
 k_c, b_c = k[0, 0], beta[0, 0]  # one chunk: [C, Dk], [C]
 o_i = torch.arange(C)
 # L = A − I   [C, C]
@@ -390,7 +390,7 @@ show_part(kd._wy_kernel, "# -- W = 𝒯 K")
 
 # %%
 B, H, T, Dk, Dv, C = 1, 2, 64, 16, 24, 16
-q, k, v, beta, S0 = inputs(B, H, T, Dk, Dv, seed=2)
+q, k, v, beta, S0 = kernel_inputs(B, H, T, Dk, Dv, seed=2)
 Kc, Vc = (x.unflatten(2, (-1, C)).flatten(0, 1) for x in (k, v))  # [B·H, N, C, D]
 bc = beta.unflatten(2, (-1, C)).flatten(0, 1)[..., None]  # [B·H, N, C, 1]
 Wc, Uc = delta_rule.wy_stage(Kc, Vc, bc)
@@ -491,7 +491,7 @@ print(f"state pass at C = 64, D = 128: {n_programs} programs per head, "
 # %%
 tinyk3.notebook.show_source(runtime.to_operand)
 if kernels.AVAILABLE:
-    q, k, v, beta, S0 = inputs(1, 2, 100, 32, 32, seed=7, dtype=torch.bfloat16)
+    q, k, v, beta, S0 = kernel_inputs(1, 2, 100, 32, 32, seed=7, dtype=torch.bfloat16)
     ref = delta_rule.chunked(*(x.double() for x in (q, k, v, beta)), chunk_size=32,
                              initial_state=S0.double())
     for mode in ("float32", "bfloat16"):
@@ -584,7 +584,7 @@ tinyk3.notebook.show_source(kd._ChunkedFunction.backward)
 # %%
 if kernels.AVAILABLE:
     B, H, T, Dk, Dv, C = 2, 2, 37, 20, 12, 16
-    q, k, v, beta, S0 = inputs(B, H, T, Dk, Dv, seed=4)
+    q, k, v, beta, S0 = kernel_inputs(B, H, T, Dk, Dv, seed=4)
     st = kd.forward_stages(q, k, v, beta, chunk_size=C, initial_state=S0)
     N, pad = -(-T // C), -T % C
 
@@ -624,7 +624,7 @@ if kernels.AVAILABLE:
     worst = 0.0
     for C in SWEEP_CS:
         for T in (2 * C, 2 * C + 5):
-            q, k, v, beta, S0 = inputs(1, 2, T, 32, 32, seed=C + T)
+            q, k, v, beta, S0 = kernel_inputs(1, 2, T, 32, 32, seed=C + T)
             q64, k64, v64, beta64 = (x.double() for x in (q, k, v, beta))
             for init in (None, S0):
                 init64 = None if init is None else init.double()
@@ -658,7 +658,7 @@ else:
 
 # %%
 if kernels.AVAILABLE:
-    q, k, v, beta, S0 = inputs(1, 4, T_INTERP, 64, 64, seed=5)
+    q, k, v, beta, S0 = kernel_inputs(1, 4, T_INTERP, 64, 64, seed=5)
     args = dict(chunk_size=64, initial_state=S0)
     o_k, _ = kd.chunked(q, k, v, beta, **args)
     o_p, _ = delta_rule.chunked(q, k, v, beta, **args)
@@ -698,7 +698,7 @@ else:
     bf16_ok = torch.cuda.get_device_capability() >= (8, 0)  # compute capability 8.0 on
     half = torch.bfloat16 if bf16_ok else torch.float16
     B, H, T, D = (1, 2, 512, 64) if SMOKE else (4, 16, 4096, 128)
-    q, k, v, beta, S0 = (x.to(dev) for x in inputs(B, H, T, D, D, seed=6))
+    q, k, v, beta, S0 = (x.to(dev) for x in kernel_inputs(B, H, T, D, D, seed=6))
     o, S = kd.chunked(q, k, v, beta, chunk_size=64, initial_state=S0,
                       input_precision="ieee")
     o64, S64 = delta_rule.chunked(*(x.double() for x in (q, k, v, beta)), chunk_size=64,
@@ -1130,7 +1130,7 @@ ok = checks.run("kernel.state_pass_block", state_pass_block_solution)
 if kernels.AVAILABLE:
     B, H, T, Dk, Dv, C = 2, 2, 37, 20, 12, 16
     BV = 8
-    q, k, v, beta, S0 = inputs(B, H, T, Dk, Dv, seed=4)
+    q, k, v, beta, S0 = kernel_inputs(B, H, T, Dk, Dv, seed=4)
     st = kd.forward_stages(q, k, v, beta, chunk_size=C, initial_state=S0)
     worst = 0.0
     for b in range(B):

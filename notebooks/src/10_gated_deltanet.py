@@ -92,7 +92,7 @@ N_SEGMENTS = 8 if SMOKE else 32  # segments of facts per sequence in the experim
 F64 = torch.float64
 
 
-def inputs(B, H, T, Dk, Dv, seed, *, g_low=-1.0, dtype=F64):
+def gated_inputs(B, H, T, Dk, Dv, seed, *, g_low=-1.0, dtype=F64):
     """Unit q and k, standard normal v, β uniform in (0, 1), log decays g uniform in
     (g_low, 0), as Gated DeltaNet layers make them (the gate's form comes later)."""
     gen = torch.Generator().manual_seed(seed)
@@ -138,7 +138,7 @@ def gated_loop(q, k, v, beta, g, S):
     return torch.stack(outs), S
 
 
-q, k, v, beta, g = inputs(1, 1, 40, 8, 6, seed=0)
+q, k, v, beta, g = gated_inputs(1, 1, 40, 8, 6, seed=0)
 S0 = torch.randn(1, 1, 8, 6, dtype=F64)
 o_mine, S_mine = gated_loop(q[0, 0], k[0, 0], v[0, 0], beta[0, 0], g[0, 0], S0[0, 0])
 o_lib, S_lib = gdr.recurrent(q, k, v, beta, g, initial_state=S0)
@@ -256,7 +256,7 @@ print(f"error before forget: |k S_t - v_new| = {(k1 @ S_other - v_new).norm():.3
 
 # %%
 C = 32
-q, k, v, beta, g = inputs(1, 1, C, 16, 16, seed=2, g_low=-0.2)
+q, k, v, beta, g = gated_inputs(1, 1, C, 16, 16, seed=2, g_low=-0.2)
 K, b, G = k[0, 0], beta[0, 0, :, None], g[0, 0].cumsum(0)  # K [C, Dk], β column, G_i
 gamma = G.exp()  # γ_i
 KK = K @ K.T
@@ -281,7 +281,7 @@ print(f"max |𝒯_Γ diag(γ) K - diag(γ) 𝒯 K| = "
 
 # %%
 C = 64
-q, k, v, beta, g = inputs(1, 1, C, 16, 16, seed=3, g_low=0.0, dtype=torch.float32)
+q, k, v, beta, g = gated_inputs(1, 1, C, 16, 16, seed=3, g_low=0.0, dtype=torch.float32)
 g = torch.full_like(g, -2.0)  # a fast-forgetting head: half-life ln 2 / 2 ≈ 0.35 tokens
 K32, b32, G32 = k[0, 0], beta[0, 0, :, None], g[0, 0].cumsum(0)
 gamma32 = G32.exp()
@@ -371,7 +371,7 @@ print("\n".join(line for line in diff if not line.startswith("@@")))
 
 # %%
 B, H, T, Dk, Dv, C = 2, 3, 70, 8, 6, 16
-q, k, v, beta, g = inputs(B, H, T, Dk, Dv, seed=4)
+q, k, v, beta, g = gated_inputs(B, H, T, Dk, Dv, seed=4)
 S0 = torch.randn(B, H, Dk, Dv, dtype=F64)
 o_loop, S_loop = gdr.recurrent(q, k, v, beta, g, initial_state=S0)
 S, outs = S0, []
@@ -395,7 +395,7 @@ print(f"and against gated_delta_rule.chunked: {max_diff(o_steps, o_lib):.1e}")
 
 # %%
 B, H, T, Dk, Dv = 2, 2, 101, 8, 12
-q, k, v, beta, g = inputs(B, H, T, Dk, Dv, seed=5, g_low=-2.0)
+q, k, v, beta, g = gated_inputs(B, H, T, Dk, Dv, seed=5, g_low=-2.0)
 S0 = torch.randn(B, H, Dk, Dv, dtype=F64)
 o_ref, S_ref = gdr.recurrent(q, k, v, beta, g, initial_state=S0)
 for C_ in (1, 5, 16, 32, 64, 128):
@@ -420,7 +420,7 @@ print(f"gated_delta_rule.chunked(g = 0) against delta_rule.recurrent: max |o| di
 # differences, in float64 on a small case (two chunks and a short one).
 
 # %%
-small = [x.requires_grad_() for x in inputs(1, 1, 11, 3, 2, seed=6, g_low=-1.0)]
+small = [x.requires_grad_() for x in gated_inputs(1, 1, 11, 3, 2, seed=6, g_low=-1.0)]
 S0_small = torch.randn(1, 1, 3, 2, dtype=F64, requires_grad=True)
 ok_grad = torch.autograd.gradcheck(
     lambda q, k, v, b, g, S: gdr.chunked(q, k, v, b, g, chunk_size=4, initial_state=S),
@@ -436,7 +436,7 @@ print(f"gradcheck of gated_delta_rule.chunked (q, k, v, β, g, S_0): {ok_grad}")
 # %%
 BOUND = 1e-5
 for g_low, label in ((-1.0, "g in (-1, 0)"), (-5.0, "g = -5")):
-    q, k, v, beta, g = inputs(1, 2, T_LONG, 64, 64, seed=7, g_low=g_low)
+    q, k, v, beta, g = gated_inputs(1, 2, T_LONG, 64, 64, seed=7, g_low=g_low)
     if g_low == -5.0:
         g = torch.full_like(g, -5.0)
     o64, _ = gdr.recurrent(q, k, v, beta, g)
@@ -502,7 +502,7 @@ def chunk_outputs(q, k, v, beta, g, C, mask):
     return torch.cat(outs, dim=2)
 
 
-q, k, v, beta, g = inputs(1, 2, 64, 16, 16, seed=8)
+q, k, v, beta, g = gated_inputs(1, 2, 64, 16, 16, seed=8)
 o_loop, _ = gdr.recurrent(q, k, v, beta, g)
 print(f"outputs of the token loop up to {o_loop.abs().max():.2f} in size")
 for mask in ("M", "Γ"):
@@ -517,7 +517,7 @@ for mask in ("M", "Γ"):
 
 # %%
 for g_low in (0.0, -0.01, -0.1, -1.0, -3.0):
-    q, k, v, beta, g = inputs(1, 2, 64, 16, 16, seed=8, g_low=g_low)
+    q, k, v, beta, g = gated_inputs(1, 2, 64, 16, 16, seed=8, g_low=g_low)
     o_loop, _ = gdr.recurrent(q, k, v, beta, g)
     err = max_diff(chunk_outputs(q, k, v, beta, g, 16, "M"), o_loop)
     print(f"gates in ({g_low:5.2f}, 0]: max error of the printed formula {err:.1e}")

@@ -88,7 +88,7 @@ from tinyk3.layers.base import state_nbytes
 from tinyk3.models import presets
 from tinyk3.ops import gated_delta_rule, kda
 from tinyk3.timing import time_fn
-from tinyk3.util import import_without_fla, max_diff
+from tinyk3.util import import_without_fla, max_diff, randomise_
 
 F64 = torch.float64
 T_DECODE = 24 if SMOKE else 48  # tokens of the decoding checks
@@ -96,7 +96,7 @@ CONTEXTS = [2**n for n in (range(8, 13) if SMOKE else range(8, 17))]  # 256 … 
 REPEATS = 3 if SMOKE else 7  # measured runs per timing (after one warm-up)
 
 
-def randomise_(layer, seed):
+def randomise_gates_(layer, seed):
     """Give a fresh layer's gate parameters and norm weight random values, so that a
     check sees gates that decay strongly and weakly, and a norm weight that is not 1."""
     gen = torch.Generator().manual_seed(seed)
@@ -207,7 +207,8 @@ for name, (spec, d, by, _) in counts.items():
 # %%
 torch.manual_seed(0)
 d_small, H_small, D_small = 32, 2, 8
-layer = randomise_(KimiDeltaAttention(d_small, H_small, D_small, chunk_size=16), seed=1)
+layer = KimiDeltaAttention(d_small, H_small, D_small, chunk_size=16)
+layer = randomise_gates_(layer, seed=1)
 layer = layer.double()
 P = {name: p.detach() for name, p in layer.named_parameters()}  # the weights, by name
 x = torch.randn(2, 21, d_small, dtype=F64)  # B = 2 sequences of T = 21 tokens
@@ -333,7 +334,7 @@ with torch.no_grad():
 torch.manual_seed(0)
 layer_k3 = KimiDeltaAttention(d_small, H_small, D_small, gate="lower_bound",
                               output_gate="full", chunk_size=16)
-layer_k3 = randomise_(layer_k3, seed=2).double()
+layer_k3 = randomise_gates_(layer_k3, seed=2).double()
 P_k3 = {name: p.detach() for name, p in layer_k3.named_parameters()}
 _, g_k3 = gates_mine(layer_k3, P_k3, x)
 with torch.no_grad():
@@ -410,7 +411,8 @@ forms = {"Kimi Linear": dict(),
                                                n_v_head=4, v_head_dim=6)}
 for name, kw in forms.items():
     torch.manual_seed(0)
-    m = randomise_(KimiDeltaAttention(d_small, H_small, D_small, **kw), seed=3).double()
+    m = KimiDeltaAttention(d_small, H_small, D_small, **kw)
+    m = randomise_gates_(m, seed=3).double()
     with torch.no_grad():
         y_lib, state = m(x)
     print(f"{name:>29s}: max |kda_layer_mine - KimiDeltaAttention| = "
@@ -506,7 +508,7 @@ def gdn_layer_mine(layer, x, chunk_size=16):
 
 torch.manual_seed(0)
 gdn = GatedDeltaNet(d_small, 2, 8, n_v_head=4, v_head_dim=6)
-gdn = randomise_(gdn, seed=4).double()
+gdn = randomise_gates_(gdn, seed=4).double()
 with torch.no_grad():
     y_gdn, _ = gdn(x)
 print(f"max |gdn_layer_mine - GatedDeltaNet| = "
@@ -526,19 +528,9 @@ print(f"max |gdn_layer_mine - GatedDeltaNet| = "
 # %%
 def randomise_hf_(layer, seed):
     """Every parameter of a transformers layer random (its A_log and dt_bias start
-    uninitialised): gates that decay strongly and weakly, a norm weight ≠ 1."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(1, 16, generator=gen).log())
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) - 3.0)
-            elif name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-    return layer.float().eval()
+    uninitialised): gates that decay strongly and weakly, a norm weight ≠ 1
+    (`tinyk3.util.randomise_`, which the oracle tests use too)."""
+    return randomise_(layer, seed, decay=(1, 16)).float().eval()
 
 
 MODULES = {"kimi": "transformers.models.kimi_linear.modeling_kimi_linear",
@@ -625,7 +617,8 @@ def decode_layers():
                      ("K3 + GVA", dict(gate="lower_bound", output_gate="full",
                                        n_v_head=4))):
         torch.manual_seed(0)
-        layers[name] = randomise_(KimiDeltaAttention(48, 2, 16, chunk_size=16, **kw), 7)
+        layer_ = KimiDeltaAttention(48, 2, 16, chunk_size=16, **kw)
+        layers[name] = randomise_gates_(layer_, 7)
     return layers
 
 
@@ -669,7 +662,7 @@ for name, m in dec_layers.items():
     print(f"{name:>11s}: "
           + ", ".join(f"n = {n}: {e:.0e}" for n, e in zip(splits, dists)))
 torch.manual_seed(0)
-gdn32 = randomise_(GatedDeltaNet(48, 2, 16, n_v_head=4, chunk_size=16), seed=8)
+gdn32 = randomise_gates_(GatedDeltaNet(48, 2, 16, n_v_head=4, chunk_size=16), seed=8)
 with torch.no_grad():
     y_full, _ = gdn32(x_dec)
     y_pre, state = gdn32(x_dec[:, :17])

@@ -81,7 +81,7 @@ from tinyk3.bench import stamp
 from tinyk3.layers import moe
 from tinyk3.models import count_parameters, presets
 from tinyk3.timing import distinguishable, time_fn
-from tinyk3.util import import_without_fla, max_diff, moving_mean
+from tinyk3.util import import_without_fla, max_diff, moving_mean, randomise_
 
 N_TIME = 512 if SMOKE else 4096  # tokens in the timing of the expert forms
 N_BAL = 1024 if SMOKE else 4096  # tokens routed in each step of the balancing run
@@ -452,7 +452,7 @@ for n_tok in (64, N_TIME):
 #
 # `transformers`' `DeepseekV3MoE` (the layer of DeepSeek-V3 and Kimi K2) and
 # `Qwen3NextSparseMoeBlock` build offline at a tiny random configuration. Every weight is
-# randomised, and so is DeepSeek-V3's router bias, which is zero at initialisation (a zero bias
+# randomised (`tinyk3.util.randomise_`, as in the oracle tests), and so is DeepSeek-V3's router bias, which is zero at initialisation (a zero bias
 # would leave the bias-selects-only rule untested); group-limited routing is on (4 groups, 2
 # kept). The weights load into `moe.MoE` under the same names, except the router (`gate.` in
 # `transformers`, `router.` here) and Qwen3-Next's shared expert and its gate (`shared_expert`
@@ -461,16 +461,6 @@ for n_tok in (64, N_TIME):
 # is hidden during that import (`tinyk3.util.import_without_fla`):
 
 # %%
-def randomise(module, seed):
-    """Every parameter ~ N(0, 1/fan_in), and every float buffer ~ 0.1 N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p_ in module.parameters():
-            p_.copy_(torch.randn(p_.shape, generator=g) / math.sqrt(p_.shape[-1]))
-        for b_ in module.buffers():
-            b_.copy_(0.1 * torch.randn(b_.shape, generator=g))
-
-
 def renamed(state, renames):
     out = {}
     for name, tensor in state.items():
@@ -518,7 +508,7 @@ if hf_v3 is not None:
                            topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
                            experts_implementation="eager")
     theirs = hf_v3.DeepseekV3MoE(cfg).eval()
-    randomise(theirs, seed=2)
+    randomise_(theirs, seed=2, bias_std=0.1)
     ours = moe.MoE(d, E, k, d_e, n_shared=1, n_group=4, topk_group=2,
                    routed_scaling_factor=2.5)
     ours.load_state_dict(renamed(theirs.state_dict(), {"gate.": "router."}))
@@ -548,7 +538,7 @@ if hf_v3 is not None:
                           moe_intermediate_size=d_e, shared_expert_intermediate_size=12,
                           norm_topk_prob=True, experts_implementation="eager")
     theirs = hf_qn.Qwen3NextSparseMoeBlock(cfg).eval()
-    randomise(theirs, seed=3)
+    randomise_(theirs, seed=3, bias_std=0.1)
     ours = moe.MoE(d, E, k, d_e, shared_hidden=12, scoring="softmax", shared_gate=True)
     state = renamed(theirs.state_dict(), {"gate.": "router.",
                                           "shared_expert_gate.": "shared_gate.",

@@ -80,7 +80,7 @@ from tinyk3.data import MQARHeldOut, mqar_sampler
 from tinyk3.layers import KDAConfig, MLAConfig, MoEConfig, SwiGLUConfig, state_nbytes
 from tinyk3.models import LM, LMConfig, count_parameters, from_hf, presets
 from tinyk3.train import train_batches
-from tinyk3.util import import_without_fla, max_diff
+from tinyk3.util import import_without_fla, max_diff, randomise_
 
 F64, F32 = torch.float64, torch.float32
 RESULTS = {}  # distances and counts for the closing note
@@ -238,30 +238,14 @@ print(tiny.transformer.h[3])
 #
 # ## Check: against `transformers`' `KimiLinearForCausalLM`
 #
-# `transformers` has the whole model. At a tiny random configuration (every weight random,
-# including the gates' `A_log` and `dt_bias` and the norms, and two groups of experts with one
+# `transformers` has the whole model. At a tiny random configuration (every weight random by
+# `tinyk3.util.randomise_`, including the gates' `A_log` and `dt_bias` and the norms, and two groups of experts with one
 # kept, so group-limited routing is exercised), `tinyk3.models.from_hf` builds our model with
 # its weights. Three checks: the logits of one forward pass; the logits of the same tokens fed
 # through our cache in pieces, against our full forward; the parameter counts of the two models
 # and of `count_parameters`.
 
 # %%
-def randomise_(model, seed=0):
-    """Every parameter random: decays from weak to strong, norm weights around 1."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(0.01, 16, generator=gen).log())
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) - 3.0)
-            elif "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-    return model
-
-
 def feed_in_pieces(model, idx, pieces):
     """Logits of idx fed through one cache in pieces of these sizes, and the cache."""
     cache, outs, t = model.new_cache(), [], 0
@@ -504,7 +488,7 @@ mla_rec = MLAConfig(n_head=2, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head
 PATTERNS = {"hybrid": [kda_rec, mla_rec], "pure KDA": [kda_rec, kda_rec]}
 
 
-def build(pattern, seed):
+def build_recall_lm(pattern, seed):
     torch.manual_seed(seed)
     cfg = LMConfig(vocab_size=VOCAB, block_size=1024, n_embd=D_MODEL, pattern=pattern,
                    mlp=SwiGLUConfig(hidden=2 * D_MODEL), pos_emb=False, norm="rmsnorm",
@@ -519,7 +503,7 @@ accuracy_at = MQARHeldOut(EVAL_PAIRS, N_EVAL, VOCAB).accuracy  # seed 1000 + P
 runs = {}
 for name, pattern in PATTERNS.items():
     for seed in SEEDS:
-        model = build(pattern, seed)
+        model = build_recall_lm(pattern, seed)
         result = train_batches(model, batch_fn, steps=MQAR_STEPS, lr=LR, seed=seed,
                                warmup=min(50, MQAR_STEPS // 10),
                                eval_every=max(1, MQAR_STEPS // 10), progress=False,

@@ -545,10 +545,6 @@ plt.show()
 # weighted sum, not on each expert. From the layer's weights, against `moe.MoE`:
 
 # %%
-def rms_norm(x, weight, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
 def ffn(x, gate_up, down):
     """A SiTU-GLU expert: gate_up [2h, d_in], down [d_in, h]."""
     g, u = (x @ gate_up.T).chunk(2, dim=-1)
@@ -565,7 +561,7 @@ def latent_moe_mine(x, layer):
         out = ffn(z[token], layer.experts.gate_up_proj[e], layer.experts.down_proj[e])
         y = y.index_add(0, token, out * w[token, slot, None])
     n = layer.routed_expert_norm
-    y = rms_norm(y, n.weight, n.eps)  # the norm after the weighted sum
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + n.eps) * n.weight  # RMSNorm
     y = y @ layer.routed_expert_up_proj.weight.T  # back to full width
     s = layer.shared_experts  # full width
     y = y + situ_mine(flat @ s.gate_proj.weight.T, flat @ s.up_proj.weight.T) \
@@ -864,7 +860,7 @@ corpus = data.encode(data.load_corpus())
 train_data, val_data = data.split(corpus)
 
 
-def build(name, seed):
+def build_contender(name, seed):
     torch.manual_seed(seed)
     if name == "tiny K3":
         return LM(tiny_k3(d=64, block=2))
@@ -874,12 +870,12 @@ def build(name, seed):
 
 NAMES = ("tiny K3", "GPT-2")
 for name in NAMES:
-    n = count_parameters(build(name, 0).config)
+    n = count_parameters(build_contender(name, 0).config)
     print(f"{name:>8s}: {n.total:,} parameters ({n.active:,} active)")
 runs, trained = {}, {}
 for seed in SEEDS:
     for name in NAMES:
-        trained[name, seed] = build(name, seed)
+        trained[name, seed] = build_contender(name, seed)
         r = train_lm(trained[name, seed], train_data, val_data, steps=STEPS,
                      batch_size=BATCH, block_size=CONTEXT, lr=3e-3,
                      warmup=min(20, STEPS // 4), eval_every=max(1, STEPS // 6),
