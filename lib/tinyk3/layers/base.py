@@ -7,7 +7,6 @@ from typing import NamedTuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .._validate import nonnegative_int, positive_int
 from .conv import ShortConvolution, init_jointly_, short_convolutions
@@ -74,9 +73,8 @@ class Mixer(nn.Module):
     Parameters: ``q_proj``, ``k_proj``, ``v_proj`` (each ``d → d`` with a bias), ``o_proj``
     (``d → d``, back to the residual stream) and, with ``conv_size = K > 0``, ``q_conv``,
     ``k_conv``, ``v_conv`` (:class:`~tinyk3.layers.ShortConvolution`, ``K`` taps, SiLU). The
-    three input projections are separate tensors, so a checkpoint that stores them separately
-    maps one to one; ``forward`` still runs them as one matmul over the concatenated weights
-    (GPT-2's ``c_attn``), which gives the same numbers as the fused layer this replaced.
+    three input projections are separate tensors and run as three products, so a checkpoint
+    that stores them separately maps one to one (GPT-2's fused ``c_attn`` is split on loading).
 
     A subclass sets ``State`` (a ``NamedTuple`` whose last field is ``conv``, a
     :class:`ConvState` or ``None``) and implements ``_mix(q, k, v, x, state) -> (y, fields)``,
@@ -138,15 +136,7 @@ class Mixer(nn.Module):
 
     def project(self, x: torch.Tensor):
         """``x [B, T, d]`` → the projections ``q, k, v``, each ``[B, T, d]`` (no convolution)."""
-        sizes = [p.out_features for p in (self.q_proj, self.k_proj, self.v_proj)]
-        return self._project_joint(x).split(sizes, dim=2)
-
-    def _project_joint(self, x: torch.Tensor) -> torch.Tensor:
-        """``q, k, v`` side by side, ``[B, T, 3d]``: one matmul over the concatenated weights."""
-        projs = (self.q_proj, self.k_proj, self.v_proj)
-        weight = torch.cat([p.weight for p in projs])  # [3d, d]
-        bias = torch.cat([p.bias for p in projs])
-        return F.linear(x, weight, bias)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def qkv(self, x: torch.Tensor, conv_state: ConvState | None = None):
         """``x [B, T, d]`` → ``q, k, v``, each ``[B, H, T, D]``, and the new convolution state.
@@ -170,7 +160,9 @@ class Mixer(nn.Module):
             if conv_state is not None and not isinstance(conv_state, ConvState):
                 raise TypeError(f"{type(self).__name__}: state.conv must be the ConvState this "
                                 f"layer returned, got {type(conv_state).__name__}")
-            p = self._project_joint(x)  # [B, T, 3d]
+            # three products side by side (concatenating the weights into one matrix instead
+            # would copy them on every call), then the three convolutions as one
+            p = torch.cat(self.project(x), dim=2)  # [B, T, 3d]
             convs = (self.q_conv, self.k_conv, self.v_conv)
             p, states = short_convolutions(convs, p, conv_state)  # each conv on its block
             new_conv = ConvState(*states)
