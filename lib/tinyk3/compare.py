@@ -33,19 +33,60 @@ from .timing import Timing, time_fn
 __all__ = ["MECHANISMS", "CHAPTERS", "tiny_config", "prefill", "cache_growth",
            "CacheGrowth", "decode_step_seconds", "decode_times", "absorb_mla"]
 
-# name -> the chapter that builds its mixer (the order of the course)
-CHAPTERS = {
-    "softmax": 1,
-    "softmax + conv": 5,
-    "linear": 3,
-    "DeltaNet": 5,
-    "Gated DeltaNet": 10,
-    "KDA": 12,
-    "MLA": 13,
-    "KDA + MLA": 15,
-    "tiny K3": 17,
+@dataclass(frozen=True)
+class _Parts:
+    """What every mechanism's tiny model is made of (see :func:`tiny_config`)."""
+
+    n_head: int
+    head_dim: int
+    d_model: int
+    n_layer: int
+    chunk_size: int
+
+    @property
+    def mla(self) -> dict:  # NoPE MLA with a latent of d_model // 2
+        return dict(n_head=self.n_head, kv_lora_rank=self.d_model // 2,
+                    qk_nope_head_dim=self.head_dim, qk_rope_head_dim=0,
+                    v_head_dim=self.head_dim, use_rope=False)
+
+    def kda(self, **kw) -> KDAConfig:
+        return KDAConfig(n_head=self.n_head, head_dim=self.head_dim, chunk_size=self.chunk_size,
+                         **kw)
+
+    def every_layer(self, mixer) -> dict:  # the same mixer in every layer, the default MLP
+        return dict(pattern=(mixer,) * self.n_layer)
+
+    def last_layer(self, mixer, last) -> dict:  # a hybrid: ``last`` in the last layer only
+        return dict(pattern=(mixer,) * (self.n_layer - 1) + (last,))
+
+
+def _tiny_k3(p: _Parts) -> dict:
+    """Chapter 17's changes on the hybrid (see :func:`tiny_config`)."""
+    kda = p.kda(gate="lower_bound", output_gate="full")
+    latent = MoEConfig(8, 2, p.d_model, n_shared=1, activation="situ",
+                       latent_dim=p.d_model // 2, latent_norm=True)
+    return dict(**p.last_layer(kda, MLAConfig(**p.mla, output_gate=True)),
+                mlp=[SwiGLUConfig(2 * p.d_model, activation="situ")] + [latent] * (p.n_layer - 1),
+                attn_res_block_size=1)
+
+
+# name -> (the chapter that builds its mixer, the LMConfig fields its tiny model sets), in the
+# order the course meets them; adding a mechanism is one line here
+_MECHANISMS = {
+    "softmax": (1, lambda p: p.every_layer(SoftmaxAttentionConfig(n_head=p.n_head))),
+    "softmax + conv": (5, lambda p: p.every_layer(SoftmaxAttentionConfig(n_head=p.n_head,
+                                                                         conv_size=4))),
+    "linear": (3, lambda p: p.every_layer(LinearAttentionConfig(n_head=p.n_head, conv_size=4))),
+    "DeltaNet": (5, lambda p: p.every_layer(DeltaNetConfig(n_head=p.n_head, conv_size=4))),
+    "Gated DeltaNet": (10, lambda p: p.every_layer(GatedDeltaNetConfig(
+        n_head=p.n_head, head_dim=p.head_dim, chunk_size=p.chunk_size))),
+    "KDA": (12, lambda p: p.every_layer(p.kda())),
+    "MLA": (13, lambda p: p.every_layer(MLAConfig(**p.mla))),
+    "KDA + MLA": (15, lambda p: p.last_layer(p.kda(), MLAConfig(**p.mla))),
+    "tiny K3": (17, _tiny_k3),
 }
-MECHANISMS = tuple(CHAPTERS)
+CHAPTERS = {name: chapter for name, (chapter, _) in _MECHANISMS.items()}
+MECHANISMS = tuple(_MECHANISMS)
 
 
 def tiny_config(name: str, *, vocab_size: int, d_model: int = 64, n_head: int = 2,
@@ -83,36 +124,11 @@ def tiny_config(name: str, *, vocab_size: int, d_model: int = 64, n_head: int = 
         raise ValueError(f"tiny_config: d_model={d_model} must be a multiple of 2·n_head "
                          f"= {2 * n_head} (heads of d_model // n_head channels, a latent of "
                          f"d_model // 2)")
-    hd = d_model // n_head
-    mla = dict(n_head=n_head, kv_lora_rank=d_model // 2, qk_nope_head_dim=hd,
-               qk_rope_head_dim=0, v_head_dim=hd, use_rope=False)
-    mixers = {
-        "softmax": SoftmaxAttentionConfig(n_head=n_head),
-        "softmax + conv": SoftmaxAttentionConfig(n_head=n_head, conv_size=4),
-        "linear": LinearAttentionConfig(n_head=n_head, conv_size=4),
-        "DeltaNet": DeltaNetConfig(n_head=n_head, conv_size=4),
-        "Gated DeltaNet": GatedDeltaNetConfig(n_head=n_head, head_dim=hd,
-                                              chunk_size=chunk_size),
-        "KDA": KDAConfig(n_head=n_head, head_dim=hd, chunk_size=chunk_size),
-        "MLA": MLAConfig(**mla),
-    }
-    mlp = SwiGLUConfig(2 * d_model)
-    block = 0
-    if name == "KDA + MLA":
-        pattern = [mixers["KDA"]] * (n_layer - 1) + [mixers["MLA"]]
-    elif name == "tiny K3":
-        kda = KDAConfig(n_head=n_head, head_dim=hd, gate="lower_bound", output_gate="full",
-                        chunk_size=chunk_size)
-        pattern = [kda] * (n_layer - 1) + [MLAConfig(**mla, output_gate=True)]
-        latent = MoEConfig(8, 2, d_model, n_shared=1, activation="situ",
-                           latent_dim=d_model // 2, latent_norm=True)
-        mlp = [SwiGLUConfig(2 * d_model, activation="situ")] + [latent] * (n_layer - 1)
-        block = 1
-    else:
-        pattern = [mixers[name]] * n_layer
-    return LMConfig(vocab_size=vocab_size, block_size=block_size, n_embd=d_model,
-                    pattern=tuple(pattern), mlp=mlp, pos_emb=False, norm="rmsnorm",
-                    tie_embeddings=False, attn_res_block_size=block)
+    parts = _Parts(n_head, d_model // n_head, d_model, n_layer, chunk_size)
+    fields = dict(mlp=SwiGLUConfig(2 * d_model), attn_res_block_size=0)
+    fields.update(_MECHANISMS[name][1](parts))
+    return LMConfig(vocab_size=vocab_size, block_size=block_size, n_embd=d_model, pos_emb=False,
+                    norm="rmsnorm", tie_embeddings=False, **fields)
 
 
 def prefill(model: LM, length: int, *, batch_size: int = 1, piece: int = 1024,
