@@ -1,9 +1,12 @@
 """What the tests share: model and cache feeding, and how the chapters' hand-written learner
 answers are checked (tests/test_checks_chNN.py).
 
-Each chapter file lists ``REALISTIC`` answers ``(exercise_id, fn, mistake name or None)``, coded
-the way a learner would get them wrong, and ``CORRECT`` ones written differently from the
-reference; the assertions on what ``checks.run`` reports live here, once.
+Each chapter file labels its answers where they are written: ``@wrong(exercise_id, mistake)`` on
+one coded the way a learner gets the exercise wrong (``mistake`` the name the check should match,
+or ``None`` for the exercise's general hint), ``@right(exercise_id)`` on one written differently
+from the reference. Answers made by a factory (``_bugged("no_norm")``) are listed instead in a
+``REALISTIC`` list of ``(exercise_id, fn, mistake)`` and a ``CORRECT`` dict
+``{exercise_id: (fn, ...)}``. The assertions on what ``checks.run`` reports live here, once.
 """
 
 from __future__ import annotations
@@ -89,6 +92,31 @@ def assert_failed(result, mistake=None):
     assert 0 <= result.n_passed < result.n_cases
     assert result.failed_case is not None
     assert "Hint: " in result.report
+
+
+def wrong(exercise_id: str, mistake: str | None = None):
+    """Label a learner's wrong answer: the check of ``exercise_id`` must reject it and match it
+    to the mistake named ``mistake`` (``None``: to none, the general hint)."""
+    def label(fn):
+        fn.__dict__.setdefault("wrong_for", []).append((exercise_id, mistake))
+        return fn
+    return label
+
+
+def right(exercise_id: str):
+    """Label a correct answer written differently from the reference: it must pass every case."""
+    def label(fn):
+        fn.__dict__.setdefault("right_for", []).append(exercise_id)
+        return fn
+    return label
+
+
+def labelled(module, attr: str) -> list:
+    """``(label, fn)`` for every function defined in ``module`` that carries ``attr``, in the
+    order the module defines them."""
+    return [(label, fn) for fn in vars(module).values()
+            if callable(fn) and getattr(fn, "__module__", None) == module.__name__
+            for label in getattr(fn, attr, ())]
 
 
 def assert_caught(exercise_id, fn, mistake, capsys):

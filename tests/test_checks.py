@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_failed, flat, run
+from helpers import assert_failed, flat, right, run, wrong
 from tinyk3 import checks
 from tinyk3.checks import CheckResult
 
@@ -42,6 +42,7 @@ def _reference_output(exercise_id, case_index=0):
 
 
 # == the registry ==============================================================================
+
 
 def test_registry_holds_the_course_exercises():
     expected = {"gpt2.causal_attention", "gpt2.param_count", "gpt2.top_k_logits",
@@ -135,6 +136,7 @@ def test_run_is_repeatable(exercise_id):
 
 
 # == learner faults, for every exercise: reported, never raised ==================================
+
 
 @pytest.mark.parametrize("exercise_id", EXERCISE_IDS)
 def test_stub_is_not_attempted(exercise_id, capsys):
@@ -276,6 +278,8 @@ def test_returning_none(exercise_id, capsys):
 
 @pytest.mark.parametrize("not_a_function", [None, 42, "causal_attention", torch.zeros(3)],
                          ids=["None", "int", "str", "tensor"])
+
+
 @pytest.mark.parametrize("exercise_id", EXERCISE_IDS)
 def test_not_callable(exercise_id, not_a_function, capsys):
     result = checks.run(exercise_id, not_a_function)
@@ -290,6 +294,8 @@ def test_not_callable(exercise_id, not_a_function, capsys):
     ("kv_cache.cache_byte", "kv_cache.cache_bytes"),
     ("kv_cache.attend_with_cach", "kv_cache.attend_with_cache"),
 ])
+
+
 def test_unknown_exercise_suggests_close_match(typo, suggestion, capsys):
     result = checks.run(typo, lambda *a: None)
     assert result.status == "error" and not result
@@ -417,6 +423,7 @@ def test_output_requiring_grad_is_fine(exercise_id):
 
 # -- int-returning exercises -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("exercise_id", INT_EXERCISES)
 def test_int_exercises_accept_equal_float_and_0d_tensor(exercise_id):
     ref = checks.EXERCISES[exercise_id].reference
@@ -441,6 +448,8 @@ def test_int_exercises_report_the_difference(exercise_id):
     (lambda *a: float("inf"), "got inf"),
     (lambda *a: [1, 2], "expected an int, got list"),
 ], ids=["str", "bool", "nan", "inf", "list"])
+
+
 @pytest.mark.parametrize("exercise_id", INT_EXERCISES)
 def test_int_exercises_wrong_types(exercise_id, answer, phrase):
     result = run(exercise_id, answer)
@@ -464,6 +473,7 @@ def test_int_exercises_accept_numpy_integers(exercise_id):
 
 
 # -- status and truthiness ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("status", STATUSES)
 def test_only_passed_is_truthy(status):
@@ -490,6 +500,7 @@ def test_verbose_false_prints_nothing(capsys):
 
 
 # -- in-place mutation of the inputs -------------------------------------------------------------
+
 
 def test_learner_mutating_inputs_cannot_affect_reference_or_later_cases():
     """The learner scales q in place (a common 'optimisation') and zeroes k and v afterwards:
@@ -546,6 +557,8 @@ def test_in_place_masked_fill_on_the_logits_passes():
 
 # -- gpt2.causal_attention ----------------------------------------------------------------------
 
+
+@wrong("gpt2.causal_attention", "no_scale")
 def att_forgets_scale(q, k, v):
     T = q.size(-2)
     scores = q @ k.transpose(-2, -1)
@@ -554,12 +567,14 @@ def att_forgets_scale(q, k, v):
     return F.softmax(scores, dim=-1) @ v
 
 
+@wrong("gpt2.causal_attention", "zeros_not_inf")
 def att_tril_zeros_instead_of_minus_inf(q, k, v):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     scores = torch.tril(scores)  # zeros above the diagonal: e^0 still gets weight
     return F.softmax(scores, dim=-1) @ v
 
 
+@wrong("gpt2.causal_attention", "scale_by_d")
 def att_divides_by_d(q, k, v):
     d_k = q.shape[-1]
     T = q.shape[-2]
@@ -568,6 +583,7 @@ def att_divides_by_d(q, k, v):
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
 
 
+@wrong("gpt2.causal_attention", "strict_mask")
 def att_triu_forgets_diagonal_1(q, k, v):
     T = q.shape[-2]
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -575,10 +591,12 @@ def att_triu_forgets_diagonal_1(q, k, v):
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
 
 
+@wrong("gpt2.causal_attention", "no_mask")
 def att_sdpa_without_is_causal(q, k, v):
     return F.scaled_dot_product_attention(q, k, v)
 
 
+@wrong("gpt2.causal_attention", "softmax_dim")
 def att_softmax_over_queries(q, k, v):
     T = q.shape[-2]
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -586,6 +604,7 @@ def att_softmax_over_queries(q, k, v):
     return scores.softmax(dim=-2) @ v
 
 
+@wrong("gpt2.causal_attention", "inverted_mask")
 def att_inverted_mask(q, k, v):
     T = q.shape[-2]
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -618,16 +637,19 @@ def att_returns_weights_too(q, k, v):
 
 
 # Correct answers written differently from the reference: these must pass.
+@right("gpt2.causal_attention")
 def att_ok_additive_mask(q, k, v):
     T = q.shape[-2]
     mask = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
     return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + mask, dim=-1) @ v
 
 
+@right("gpt2.causal_attention")
 def att_ok_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+@right("gpt2.causal_attention")
 def att_ok_einsum(q, k, v):
     T = q.shape[-2]
     s = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(q.shape[-1])
@@ -637,6 +659,8 @@ def att_ok_einsum(q, k, v):
 
 # -- gpt2.param_count ---------------------------------------------------------------------------
 
+
+@wrong("gpt2.param_count", "untied_head")
 def pc_counts_lm_head(vocab_size, block_size, n_layer, n_embd):
     C = n_embd
     embeddings = vocab_size * C + block_size * C
@@ -648,11 +672,13 @@ def pc_counts_lm_head(vocab_size, block_size, n_layer, n_embd):
     return embeddings + n_layer * per_block + 2 * C + lm_head
 
 
+@wrong("gpt2.param_count", "no_positions")
 def pc_forgets_positions(vocab_size, block_size, n_layer, n_embd):
     C = n_embd
     return vocab_size * C + n_layer * (12 * C * C + 13 * C) + 2 * C
 
 
+@wrong("gpt2.param_count", "no_biases")
 def pc_forgets_linear_biases(vocab_size, block_size, n_layer, n_embd):
     C = n_embd
     attn = C * 3 * C + C * C
@@ -661,25 +687,30 @@ def pc_forgets_linear_biases(vocab_size, block_size, n_layer, n_embd):
     return (vocab_size + block_size) * C + n_layer * (attn + mlp + ln) + 2 * C
 
 
+@wrong("gpt2.param_count", "rule_of_thumb")
 def pc_rule_of_thumb_12LC2(vocab_size, block_size, n_layer, n_embd):
     return 12 * n_layer * n_embd**2
 
 
+@wrong("gpt2.param_count")
 def pc_rule_of_thumb_plus_embeddings(vocab_size, block_size, n_layer, n_embd):
     return vocab_size * n_embd + block_size * n_embd + 12 * n_layer * n_embd**2
 
 
+@wrong("gpt2.param_count", "no_final_ln")
 def pc_forgets_final_layernorm(vocab_size, block_size, n_layer, n_embd):
     C = n_embd
     return (vocab_size + block_size) * C + n_layer * (12 * C * C + 13 * C)
 
 
+@wrong("gpt2.param_count", "mlp_width")
 def pc_mlp_hidden_is_c(vocab_size, block_size, n_layer, n_embd):
     C = n_embd
     per_block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * C + C) + (C * C + C)
     return (vocab_size + block_size) * C + n_layer * per_block + 2 * C
 
 
+@right("gpt2.param_count")
 def pc_ok_by_modules(vocab_size, block_size, n_layer, n_embd):
     def linear(i, o):
         return i * o + o
@@ -695,21 +726,26 @@ def pc_ok_by_modules(vocab_size, block_size, n_layer, n_embd):
 
 # -- gpt2.top_k_logits --------------------------------------------------------------------------
 
+
+@wrong("gpt2.top_k_logits", "zero_not_inf")
 def tk_zeros_instead_of_minus_inf(logits, k):
     kth = torch.topk(logits, k, dim=-1).values[:, -1].unsqueeze(-1)
     return torch.where(logits >= kth, logits, torch.zeros_like(logits))
 
 
+@wrong("gpt2.top_k_logits", "values_only")
 def tk_returns_topk_values(logits, k):
     values, indices = torch.topk(logits, k)
     return values
 
 
+@wrong("gpt2.top_k_logits", "global_k")
 def tk_top_k_over_the_batch(logits, k):
     kth = torch.topk(logits.flatten(), k).values[-1]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+@wrong("gpt2.top_k_logits")
 def tk_less_or_equal(logits, k):
     kth = torch.topk(logits, k).values[:, -1:]
     return logits.masked_fill(logits <= kth, float("-inf"))  # also drops the k-th itself
@@ -720,6 +756,7 @@ def tk_no_keepdim(logits, k):
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+@wrong("gpt2.top_k_logits")
 def tk_big_negative_not_inf(logits, k):
     kth = torch.topk(logits, k).values[:, -1:]
     return logits.masked_fill(logits < kth, -1e9)
@@ -730,6 +767,7 @@ def tk_off_by_one_index(logits, k):
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+@right("gpt2.top_k_logits")
 def tk_ok_sort(logits, k):
     sorted_logits, _ = torch.sort(logits, dim=-1, descending=True)
     out = logits.clone()
@@ -737,6 +775,7 @@ def tk_ok_sort(logits, k):
     return out
 
 
+@right("gpt2.top_k_logits")
 def tk_ok_scatter(logits, k):
     _, idx = logits.topk(k, dim=-1)
     out = torch.full_like(logits, float("-inf"))
@@ -745,12 +784,15 @@ def tk_ok_scatter(logits, k):
 
 # -- kv_cache.attend_with_cache -----------------------------------------------------------------
 
+
+@wrong("kv_cache.attend_with_cache", "top_left_mask")
 def kv_sdpa_is_causal(q_new, k_cache, v_cache, k_new, v_new):
     k = torch.cat([k_cache, k_new], dim=2)
     v = torch.cat([v_cache, v_new], dim=2)
     return F.scaled_dot_product_attention(q_new, k, v, is_causal=True)  # top-left when Tq < Tk
 
 
+@wrong("kv_cache.attend_with_cache", "no_mask")
 def kv_no_mask(q_new, k_cache, v_cache, k_new, v_new):
     k = torch.cat([k_cache, k_new], dim=2)
     v = torch.cat([v_cache, v_new], dim=2)
@@ -758,6 +800,7 @@ def kv_no_mask(q_new, k_cache, v_cache, k_new, v_new):
     return att.softmax(dim=-1) @ v  # right for one new token; a block sees its future
 
 
+@wrong("kv_cache.attend_with_cache", "top_left_mask")
 def kv_tril_square_mask(q_new, k_cache, v_cache, k_new, v_new):
     k = torch.cat([k_cache, k_new], dim=2)
     v = torch.cat([v_cache, v_new], dim=2)
@@ -767,10 +810,12 @@ def kv_tril_square_mask(q_new, k_cache, v_cache, k_new, v_new):
     return att.softmax(dim=-1) @ v
 
 
+@wrong("kv_cache.attend_with_cache", "new_only")
 def kv_ignores_cache(q_new, k_cache, v_cache, k_new, v_new):
     return F.scaled_dot_product_attention(q_new, k_new, v_new, is_causal=True)
 
 
+@wrong("kv_cache.attend_with_cache", "no_scale")
 def kv_forgets_scale(q_new, k_cache, v_cache, k_new, v_new):
     k = torch.cat([k_cache, k_new], dim=2)
     v = torch.cat([v_cache, v_new], dim=2)
@@ -780,6 +825,7 @@ def kv_forgets_scale(q_new, k_cache, v_cache, k_new, v_new):
     return att.softmax(-1) @ v
 
 
+@wrong("kv_cache.attend_with_cache")
 def kv_new_before_cached(q_new, k_cache, v_cache, k_new, v_new):
     k = torch.cat([k_new, k_cache], dim=2)  # wrong order
     v = torch.cat([v_new, v_cache], dim=2)
@@ -788,6 +834,7 @@ def kv_new_before_cached(q_new, k_cache, v_cache, k_new, v_new):
     return F.scaled_dot_product_attention(q_new, k, v, attn_mask=mask)
 
 
+@right("kv_cache.attend_with_cache")
 def kv_ok_explicit_mask(q_new, k_cache, v_cache, k_new, v_new):
     T_past = k_cache.shape[2]
     k = torch.cat([k_cache, k_new], dim=2)
@@ -797,6 +844,7 @@ def kv_ok_explicit_mask(q_new, k_cache, v_cache, k_new, v_new):
     return F.scaled_dot_product_attention(q_new, k, v, attn_mask=mask)
 
 
+@right("kv_cache.attend_with_cache")
 def kv_ok_two_parts(q_new, k_cache, v_cache, k_new, v_new):
     """Scores against the cache (all visible) and against the new keys (causal), one softmax."""
     d = q_new.shape[-1]
@@ -810,88 +858,50 @@ def kv_ok_two_parts(q_new, k_cache, v_cache, k_new, v_new):
 
 # -- kv_cache.cache_bytes -----------------------------------------------------------------------
 
+
+@wrong("kv_cache.cache_bytes", "keys_only")
 def cb_keys_only(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
     return n_layer * n_head * head_dim * seq_len * batch_size * bytes_per_value
 
 
+@wrong("kv_cache.cache_bytes", "one_layer")
 def cb_forgets_layers(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
     return 2 * n_head * head_dim * seq_len * batch_size * bytes_per_value
 
 
+@wrong("kv_cache.cache_bytes", "one_head")
 def cb_head_dim_as_width(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
     d_model = head_dim  # confuses the head size with the model width
     return 2 * n_layer * d_model * seq_len * batch_size * bytes_per_value
 
 
+@wrong("kv_cache.cache_bytes", "no_batch")
 def cb_forgets_batch(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
     return 2 * n_layer * n_head * head_dim * seq_len * bytes_per_value
 
 
+@wrong("kv_cache.cache_bytes", "bits")
 def cb_bits_not_bytes(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
     return 2 * n_layer * n_head * head_dim * seq_len * batch_size * bytes_per_value * 8
 
 
+@wrong("kv_cache.cache_bytes")
 def cb_in_gib(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
     return 2 * n_layer * n_head * head_dim * seq_len * batch_size * bytes_per_value / 2**30
 
 
+@right("kv_cache.cache_bytes")
 def cb_ok_float_arithmetic(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
     per_token = 2.0 * n_layer * n_head * head_dim * bytes_per_value
     return per_token * seq_len * batch_size
 
 
+@right("kv_cache.cache_bytes")
 def cb_ok_math_prod(n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value):
     return math.prod([2, n_layer, n_head, head_dim, seq_len, batch_size, bytes_per_value])
 
 
 # Chapters 1 and 2's learner answers (tests/test_learner_answers.py runs them)
-REALISTIC = [
-    # (exercise, learner function, expected mistake name or None)
-    ("gpt2.causal_attention", att_forgets_scale, "no_scale"),
-    ("gpt2.causal_attention", att_divides_by_d, "scale_by_d"),
-    ("gpt2.causal_attention", att_triu_forgets_diagonal_1, "strict_mask"),
-    ("gpt2.causal_attention", att_sdpa_without_is_causal, "no_mask"),
-    ("gpt2.causal_attention", att_softmax_over_queries, "softmax_dim"),
-    ("gpt2.causal_attention", att_tril_zeros_instead_of_minus_inf, "zeros_not_inf"),
-    ("gpt2.causal_attention", att_inverted_mask, "inverted_mask"),
-    ("gpt2.param_count", pc_counts_lm_head, "untied_head"),
-    ("gpt2.param_count", pc_forgets_positions, "no_positions"),
-    ("gpt2.param_count", pc_forgets_linear_biases, "no_biases"),
-    ("gpt2.param_count", pc_mlp_hidden_is_c, "mlp_width"),
-    ("gpt2.param_count", pc_rule_of_thumb_12LC2, "rule_of_thumb"),
-    ("gpt2.param_count", pc_rule_of_thumb_plus_embeddings, None),
-    ("gpt2.param_count", pc_forgets_final_layernorm, "no_final_ln"),
-    ("gpt2.top_k_logits", tk_zeros_instead_of_minus_inf, "zero_not_inf"),
-    ("gpt2.top_k_logits", tk_returns_topk_values, "values_only"),
-    ("gpt2.top_k_logits", tk_top_k_over_the_batch, "global_k"),
-    ("gpt2.top_k_logits", tk_less_or_equal, None),
-    ("gpt2.top_k_logits", tk_big_negative_not_inf, None),
-    ("kv_cache.attend_with_cache", kv_sdpa_is_causal, "top_left_mask"),
-    ("kv_cache.attend_with_cache", kv_tril_square_mask, "top_left_mask"),
-    ("kv_cache.attend_with_cache", kv_no_mask, "no_mask"),
-    ("kv_cache.attend_with_cache", kv_ignores_cache, "new_only"),
-    ("kv_cache.attend_with_cache", kv_forgets_scale, "no_scale"),
-    ("kv_cache.attend_with_cache", kv_new_before_cached, None),
-    ("kv_cache.cache_bytes", cb_keys_only, "keys_only"),
-    ("kv_cache.cache_bytes", cb_forgets_layers, "one_layer"),
-    ("kv_cache.cache_bytes", cb_head_dim_as_width, "one_head"),
-    ("kv_cache.cache_bytes", cb_forgets_batch, "no_batch"),
-    ("kv_cache.cache_bytes", cb_bits_not_bytes, "bits"),
-    ("kv_cache.cache_bytes", cb_in_gib, None),
-]
-
-CORRECT = [
-    ("gpt2.causal_attention", att_ok_additive_mask),
-    ("gpt2.causal_attention", att_ok_sdpa),
-    ("gpt2.causal_attention", att_ok_einsum),
-    ("gpt2.param_count", pc_ok_by_modules),
-    ("gpt2.top_k_logits", tk_ok_sort),
-    ("gpt2.top_k_logits", tk_ok_scatter),
-    ("kv_cache.attend_with_cache", kv_ok_explicit_mask),
-    ("kv_cache.attend_with_cache", kv_ok_two_parts),
-    ("kv_cache.cache_bytes", cb_ok_float_arithmetic),
-    ("kv_cache.cache_bytes", cb_ok_math_prod),
-]
 
 
 def test_float32_buffer_fails_only_the_float64_case():

@@ -11,17 +11,20 @@ import math
 import torch
 import torch.nn.functional as F
 
-from helpers import run
+from helpers import right, run, wrong
 from tinyk3 import checks
 
 # -- linear_attention.parallel: (q kᵀ ⊙ M) v, no normaliser ------------------------------------
 
+
+@wrong("linear_attention.parallel", "no_mask")
 def par_post_style_state(q, k, v):
     """Fold every token into one state, then read it: the post's prefill."""
     S = torch.einsum("bhtk,bhtv->bhkv", k, v)
     return torch.einsum("bhtk,bhkv->bhtv", q, S)
 
 
+@wrong("linear_attention.parallel", "minus_inf_no_softmax")
 def par_minus_inf_fill(q, k, v):
     T = q.shape[2]
     mask = torch.tril(torch.ones(T, T))
@@ -30,10 +33,12 @@ def par_minus_inf_fill(q, k, v):
     return scores @ v
 
 
+@wrong("linear_attention.parallel", "softmax")
 def par_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+@wrong("linear_attention.parallel", "strict_mask")
 def par_loop_reads_before_writing(q, k, v):
     B, H, T, Dk = q.shape
     S = torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype)
@@ -44,22 +49,26 @@ def par_loop_reads_before_writing(q, k, v):
     return torch.cat(outs, dim=2)
 
 
+@wrong("linear_attention.parallel", "softmax_unscaled")
 def par_exp_normalised(q, k, v):
     T = q.shape[-2]
     w = torch.exp(q @ k.transpose(-2, -1)) * torch.tril(torch.ones(T, T, dtype=q.dtype))
     return (w / w.sum(-1, keepdim=True)) @ v
 
 
+@wrong("linear_attention.parallel", "scaled")
 def par_scaled_like_attention(q, k, v):
     d = q.size(-1)
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
     return torch.tril(att) @ v
 
 
+@wrong("linear_attention.parallel")
 def par_upper_triangle(q, k, v):
     return torch.triu(q @ k.transpose(-2, -1)) @ v  # the future instead of the past
 
 
+@right("linear_attention.parallel")
 def par_ok_loop(q, k, v):
     B, H, T, Dk = q.shape
     S = torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype)
@@ -70,11 +79,13 @@ def par_ok_loop(q, k, v):
     return torch.stack(outs, dim=2)
 
 
+@right("linear_attention.parallel")
 def par_ok_cumsum(q, k, v):
     S = (k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=2)  # every S_t  [B, H, T, Dk, Dv]
     return (q.unsqueeze(-2) @ S).squeeze(-2)
 
 
+@right("linear_attention.parallel")
 def par_ok_mask_multiply(q, k, v):
     T = q.shape[2]
     M = torch.ones(T, T, dtype=q.dtype).tril()
@@ -83,6 +94,8 @@ def par_ok_mask_multiply(q, k, v):
 
 # -- linear_attention.normalized: q_t S_t / (q_t · z_t) -----------------------------------------
 
+
+@wrong("linear_attention.normalized", "non_causal_normaliser")
 def norm_z_over_all_tokens(q, k, v):
     B, H, T, Dk = q.shape
     z = k.sum(dim=2)  # computed once, up front
@@ -95,12 +108,14 @@ def norm_z_over_all_tokens(q, k, v):
     return torch.stack(outs, dim=2)
 
 
+@wrong("linear_attention.normalized", "column_sums")
 def norm_weights_over_wrong_dim(q, k, v):
     a = torch.tril(q @ k.transpose(-2, -1))
     a = a / a.sum(dim=-2, keepdim=True)
     return a @ v
 
 
+@wrong("linear_attention.normalized", "k_dot_z")
 def norm_divides_by_k_dot_z(q, k, v):
     B, H, T, Dk = q.shape
     S = torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype)
@@ -114,12 +129,14 @@ def norm_divides_by_k_dot_z(q, k, v):
     return torch.stack(outs, dim=2)
 
 
+@wrong("linear_attention.normalized", "non_causal")
 def norm_post_style(q, k, v):
     S = k.transpose(-1, -2) @ v  # [B, H, Dk, Dv]
     z = k.sum(dim=2, keepdim=True).transpose(-1, -2)  # [B, H, Dk, 1]
     return (q @ S) / (q @ z)
 
 
+@wrong("linear_attention.normalized", "read_before_write")
 def norm_reads_before_writing(q, k, v):
     B, H, T, Dk = q.shape
     S = q.new_zeros(B, H, Dk, v.shape[-1])
@@ -134,10 +151,12 @@ def norm_reads_before_writing(q, k, v):
     return torch.stack(outs, dim=2)
 
 
+@wrong("linear_attention.normalized", "no_normaliser")
 def norm_forgets_to_divide(q, k, v):
     return (q @ k.mT).tril() @ v
 
 
+@right("linear_attention.normalized")
 def norm_ok_loop(q, k, v):
     B, H, T, Dk = q.shape
     S = torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype)
@@ -151,12 +170,14 @@ def norm_ok_loop(q, k, v):
     return torch.stack(outs, dim=2)
 
 
+@right("linear_attention.normalized")
 def norm_ok_vectorised_cumsum(q, k, v):
     num = (q @ k.transpose(-1, -2)).tril() @ v
     den = (q * k.cumsum(dim=2)).sum(-1, keepdim=True)
     return num / (den + 1e-6)
 
 
+@right("linear_attention.normalized")
 def norm_ok_without_eps(q, k, v):
     """No eps: differs from the reference by a relative 1e-6/(q·z), inside the tolerance."""
     a = (q @ k.transpose(-1, -2)).tril()
@@ -165,14 +186,18 @@ def norm_ok_without_eps(q, k, v):
 
 # -- linear_attention.crossover_length -----------------------------------------------------------
 
+
+@wrong("linear_attention.crossover_length", "equal_not_more")
 def co_ceil_of_equality(D):
     return math.ceil((D * D + D) / (2 * D))  # the equality point, not "more than"
 
 
+@wrong("linear_attention.crossover_length", "equal_not_more")
 def co_forgets_z(D):
     return D // 2 + 1  # 2·t·D > D·D: the D numbers of z left out
 
 
+@wrong("linear_attention.crossover_length", "keys_only")
 def co_keys_only_loop(D):
     t = 0
     while t * D <= D * D + D:  # only the keys are counted
@@ -180,14 +205,17 @@ def co_keys_only_loop(D):
     return t
 
 
+@wrong("linear_attention.crossover_length", "not_rounded")
 def co_unrounded(D):
     return (D * D + D) / (2 * D)
 
 
+@wrong("linear_attention.crossover_length", "rounded_down")
 def co_floor(D):
     return int((D + 1) / 2)
 
 
+@wrong("linear_attention.crossover_length")
 def co_keys_only_at_equality(D):
     t = 1
     while t * D < D * D + D:  # keys only, and stops at equality
@@ -195,6 +223,7 @@ def co_keys_only_at_equality(D):
     return t
 
 
+@right("linear_attention.crossover_length")
 def co_ok_loop(D):
     t = 1
     while 2 * t * D <= D * D + D:
@@ -202,42 +231,10 @@ def co_ok_loop(D):
     return t
 
 
+@right("linear_attention.crossover_length")
 def co_ok_formula(D):
     return math.floor((D + 1) / 2) + 1
 
-
-REALISTIC = [
-    ("linear_attention.parallel", par_post_style_state, "no_mask"),
-    ("linear_attention.parallel", par_minus_inf_fill, "minus_inf_no_softmax"),
-    ("linear_attention.parallel", par_sdpa, "softmax"),
-    ("linear_attention.parallel", par_loop_reads_before_writing, "strict_mask"),
-    ("linear_attention.parallel", par_exp_normalised, "softmax_unscaled"),
-    ("linear_attention.parallel", par_scaled_like_attention, "scaled"),
-    ("linear_attention.parallel", par_upper_triangle, None),
-    ("linear_attention.normalized", norm_z_over_all_tokens, "non_causal_normaliser"),
-    ("linear_attention.normalized", norm_weights_over_wrong_dim, "column_sums"),
-    ("linear_attention.normalized", norm_divides_by_k_dot_z, "k_dot_z"),
-    ("linear_attention.normalized", norm_post_style, "non_causal"),
-    ("linear_attention.normalized", norm_reads_before_writing, "read_before_write"),
-    ("linear_attention.normalized", norm_forgets_to_divide, "no_normaliser"),
-    ("linear_attention.crossover_length", co_ceil_of_equality, "equal_not_more"),
-    ("linear_attention.crossover_length", co_forgets_z, "equal_not_more"),
-    ("linear_attention.crossover_length", co_keys_only_loop, "keys_only"),
-    ("linear_attention.crossover_length", co_unrounded, "not_rounded"),
-    ("linear_attention.crossover_length", co_floor, "rounded_down"),
-    ("linear_attention.crossover_length", co_keys_only_at_equality, None),
-]
-
-CORRECT = [
-    ("linear_attention.parallel", par_ok_loop),
-    ("linear_attention.parallel", par_ok_cumsum),
-    ("linear_attention.parallel", par_ok_mask_multiply),
-    ("linear_attention.normalized", norm_ok_loop),
-    ("linear_attention.normalized", norm_ok_vectorised_cumsum),
-    ("linear_attention.normalized", norm_ok_without_eps),
-    ("linear_attention.crossover_length", co_ok_loop),
-    ("linear_attention.crossover_length", co_ok_formula),
-]
 
 CH3 = ("linear_attention.parallel", "linear_attention.normalized",
        "linear_attention.crossover_length")

@@ -10,11 +10,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_failed
+from helpers import assert_failed, right, wrong
 from tinyk3 import checks
 
 # -- memory.write_memory ------------------------------------------------------------------------
 
+
+@wrong("memory.write_memory", "transposed")
 def wm_papers_layout(keys, values):
     S = torch.zeros(values.shape[1], keys.shape[1], dtype=keys.dtype)
     for j in range(keys.shape[0]):
@@ -22,20 +24,24 @@ def wm_papers_layout(keys, values):
     return S
 
 
+@wrong("memory.write_memory", "mean")
 def wm_einsum_mean(keys, values):
     return torch.einsum("nk,nv->kv", keys, values) / len(keys)
 
 
+@wrong("memory.write_memory", "last_pair_only")
 def wm_loop_overwrites(keys, values):
     for j in range(keys.shape[0]):
         S = keys[j].unsqueeze(1) @ values[j].unsqueeze(0)  # forgot the +=
     return S
 
 
+@wrong("memory.write_memory", "outer_of_sums")
 def wm_sum_then_outer(keys, values):
     return keys.sum(dim=0)[:, None] * values.sum(dim=0)[None, :]
 
 
+@wrong("memory.write_memory")
 def wm_elementwise(keys, values):
     return (keys * values).sum(dim=0)  # [D]: a vector, not a matrix (and crashes if Dk ≠ Dv)
 
@@ -47,6 +53,7 @@ def wm_float32_buffer(keys, values):
     return S
 
 
+@right("memory.write_memory")
 def wm_ok_loop(keys, values):
     S = torch.zeros(keys.shape[1], values.shape[1], dtype=keys.dtype)
     for k, v in zip(keys, values):
@@ -54,27 +61,33 @@ def wm_ok_loop(keys, values):
     return S
 
 
+@right("memory.write_memory")
 def wm_ok_einsum(keys, values):
     return torch.einsum("nk,nv->kv", keys, values)
 
 
+@right("memory.write_memory")
 def wm_ok_broadcast_sum(keys, values):
     return (keys.unsqueeze(2) * values.unsqueeze(1)).sum(dim=0)
 
 
 # -- memory.recall_accuracy ---------------------------------------------------------------------
 
+
+@wrong("memory.recall_accuracy", "wrong_axis")
 def ra_argmax_over_reads(S, keys, values):
     reads = keys @ S
     sims = F.normalize(reads, dim=1) @ F.normalize(values, dim=1).T
     return (sims.argmax(dim=0) == torch.arange(len(keys))).float().mean().item()
 
 
+@wrong("memory.recall_accuracy", "dot_not_cosine")
 def ra_dot_product(S, keys, values):
     scores = (keys @ S) @ values.T
     return (scores.argmax(dim=1) == torch.arange(len(keys))).float().mean().item()
 
 
+@wrong("memory.recall_accuracy", "rewrites_state")
 def ra_builds_its_own_state(S, keys, values):
     S = keys.T @ values  # "to be safe"
     reads = keys @ S
@@ -82,23 +95,27 @@ def ra_builds_its_own_state(S, keys, values):
     return (sims.argmax(dim=1) == torch.arange(len(keys))).float().mean().item()
 
 
+@wrong("memory.recall_accuracy", "count_not_fraction")
 def ra_returns_count(S, keys, values):
     reads = keys @ S
     sims = F.cosine_similarity(reads[:, None, :], values[None, :, :], dim=-1)
     return int((sims.argmax(dim=1) == torch.arange(len(keys))).sum())
 
 
+@wrong("memory.recall_accuracy", "against_keys")
 def ra_compares_with_keys(S, keys, values):
     reads = keys @ S
     sims = F.cosine_similarity(reads[:, None, :], keys[None, :, :], dim=-1)  # crashes if Dk ≠ Dv
     return (sims.argmax(dim=1) == torch.arange(len(keys))).float().mean().item()
 
 
+@wrong("memory.recall_accuracy")
 def ra_euclidean(S, keys, values):
     dist = torch.cdist(keys @ S, values)  # nearest in distance, not in angle
     return (dist.argmin(dim=1) == torch.arange(len(keys))).float().mean().item()
 
 
+@right("memory.recall_accuracy")
 def ra_ok_loop(S, keys, values):
     correct = 0
     for i in range(len(keys)):
@@ -108,6 +125,7 @@ def ra_ok_loop(S, keys, values):
     return correct / len(keys)
 
 
+@right("memory.recall_accuracy")
 def ra_ok_broadcast(S, keys, values):
     sims = F.cosine_similarity((keys @ S).unsqueeze(1), values.unsqueeze(0), dim=-1)  # [N, N]
     return (sims.argmax(-1) == torch.arange(keys.shape[0])).double().mean()  # a 0-d tensor
@@ -115,38 +133,46 @@ def ra_ok_broadcast(S, keys, values):
 
 # -- memory.crosstalk_std -----------------------------------------------------------------------
 
+
+@wrong("memory.crosstalk_std", "with_diagonal")
 def ct_whole_gram(keys):
     G = keys @ keys.T
     return (G**2).sum(dim=1).sqrt()
 
 
+@wrong("memory.crosstalk_std", "no_sqrt")
 def ct_variance(keys):
     G = keys @ keys.T
     G.fill_diagonal_(0)
     return (G**2).sum(dim=-1)
 
 
+@wrong("memory.crosstalk_std", "stds_added")
 def ct_adds_abs_values(keys):
     G = keys @ keys.T
     return (G - torch.diag(torch.diag(G))).abs().sum(dim=1)
 
 
+@wrong("memory.crosstalk_std", "random_key_formula")
 def ct_average_formula(keys):
     N, D = keys.shape
     return torch.full((N,), ((N - 1) / D) ** 0.5)
 
 
+@wrong("memory.crosstalk_std")
 def ct_assumes_unit_keys(keys):
     G = keys @ keys.T
     return ((G**2).sum(dim=1) - 1).sqrt()  # the diagonal is 1 only for unit keys
 
 
+@right("memory.crosstalk_std")
 def ct_ok_masked(keys):
     G = keys @ keys.T
     off = ~torch.eye(len(keys), dtype=torch.bool)
     return torch.where(off, G, torch.zeros_like(G)).pow(2).sum(-1).sqrt()
 
 
+@right("memory.crosstalk_std")
 def ct_ok_loop(keys):
     out = torch.zeros(len(keys), dtype=keys.dtype)
     for i in range(len(keys)):
@@ -156,36 +182,6 @@ def ct_ok_loop(keys):
                 total = total + (keys[i] @ keys[j]) ** 2
         out[i] = torch.as_tensor(total).sqrt()
     return out
-
-
-REALISTIC = [
-    ("memory.write_memory", wm_papers_layout, "transposed"),
-    ("memory.write_memory", wm_einsum_mean, "mean"),
-    ("memory.write_memory", wm_loop_overwrites, "last_pair_only"),
-    ("memory.write_memory", wm_sum_then_outer, "outer_of_sums"),
-    ("memory.write_memory", wm_elementwise, None),
-    ("memory.recall_accuracy", ra_argmax_over_reads, "wrong_axis"),
-    ("memory.recall_accuracy", ra_dot_product, "dot_not_cosine"),
-    ("memory.recall_accuracy", ra_builds_its_own_state, "rewrites_state"),
-    ("memory.recall_accuracy", ra_returns_count, "count_not_fraction"),
-    ("memory.recall_accuracy", ra_compares_with_keys, "against_keys"),
-    ("memory.recall_accuracy", ra_euclidean, None),
-    ("memory.crosstalk_std", ct_whole_gram, "with_diagonal"),
-    ("memory.crosstalk_std", ct_variance, "no_sqrt"),
-    ("memory.crosstalk_std", ct_adds_abs_values, "stds_added"),
-    ("memory.crosstalk_std", ct_average_formula, "random_key_formula"),
-    ("memory.crosstalk_std", ct_assumes_unit_keys, None),
-]
-
-CORRECT = [
-    ("memory.write_memory", wm_ok_loop),
-    ("memory.write_memory", wm_ok_einsum),
-    ("memory.write_memory", wm_ok_broadcast_sum),
-    ("memory.recall_accuracy", ra_ok_loop),
-    ("memory.recall_accuracy", ra_ok_broadcast),
-    ("memory.crosstalk_std", ct_ok_masked),
-    ("memory.crosstalk_std", ct_ok_loop),
-]
 
 
 def test_float32_buffer_fails_only_the_float64_case():

@@ -10,55 +10,65 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_failed
+from helpers import assert_failed, right, wrong
 from tinyk3 import checks
 from tinyk3.ops import delta_rule
 
 # -- delta_rule.step ----------------------------------------------------------------------------
 
+
+@wrong("delta_rule.step", "no_erase")
 def ds_adds_the_value(S, k, v, beta):
     write = beta[..., None] * v  # [B, H, Dv]
     return S + k.unsqueeze(-1) @ write.unsqueeze(-2)  # just a fast-weight write, no erase
 
 
+@wrong("delta_rule.step", "sign_flipped")
 def ds_minus(S, k, v, beta):
     v_old = (k.unsqueeze(-1) * S).sum(dim=-2)  # k S
     return S - torch.einsum("bhk,bhv->bhkv", k, beta.unsqueeze(-1) * (v - v_old))
 
 
+@wrong("delta_rule.step", "beta_on_v_only")
 def ds_beta_on_new_value(S, k, v, beta):
     v_old = (k.unsqueeze(-1) * S).sum(dim=-2)
     delta = beta.unsqueeze(-1) * v - v_old  # "write β v, erase the old value"
     return S + torch.einsum("bhk,bhv->bhkv", k, delta)
 
 
+@wrong("delta_rule.step", "no_beta")
 def ds_forgets_beta(S, k, v, beta):
     v_old = torch.einsum("bhk,bhkv->bhv", k, S)
     return S + torch.einsum("bhk,bhv->bhkv", k, v - v_old)
 
 
+@wrong("delta_rule.step", "returns_update")
 def ds_returns_delta(S, k, v, beta):
     v_old = torch.einsum("bhk,bhkv->bhv", k, S)
     return torch.einsum("bhk,bhv->bhkv", k, beta[..., None] * (v - v_old))
 
 
+@wrong("delta_rule.step", "normalizes_key")
 def ds_normalises(S, k, v, beta):
     k = F.normalize(k, dim=-1)  # "DeltaNet uses unit keys"
     v_old = torch.einsum("bhk,bhkv->bhv", k, S)
     return S + torch.einsum("bhk,bhv->bhkv", k, beta[..., None] * (v - v_old))
 
 
+@wrong("delta_rule.step", "transposed_read")
 def ds_papers_read(S, k, v, beta):
     v_old = (S @ k.unsqueeze(-1)).squeeze(-1)  # S k, as in the papers (only runs if Dk == Dv)
     return S + k.unsqueeze(-1) * (beta.unsqueeze(-1) * (v - v_old)).unsqueeze(-2)
 
 
+@wrong("delta_rule.step")
 def ds_outer_the_wrong_way(S, k, v, beta):
     v_old = torch.einsum("bhk,bhkv->bhv", k, S)
     u = beta[..., None] * (v - v_old)
     return S + u.unsqueeze(-1) * k.unsqueeze(-2)  # uᵀ k: [Dv, Dk], runs only when Dk == Dv
 
 
+@right("delta_rule.step")
 def ds_ok_loop(S, k, v, beta):
     S = S.clone()
     B, H = beta.shape
@@ -69,12 +79,14 @@ def ds_ok_loop(S, k, v, beta):
     return S
 
 
+@right("delta_rule.step")
 def ds_ok_matmul(S, k, v, beta):
     k_row = k.unsqueeze(-2)  # [B, H, 1, Dk]
     u = beta[..., None, None] * (v.unsqueeze(-2) - k_row @ S)  # [B, H, 1, Dv]
     return S + k_row.transpose(-1, -2) @ u
 
 
+@right("delta_rule.step")
 def ds_ok_projection_form(S, k, v, beta):
     eye = torch.eye(k.shape[-1], dtype=k.dtype)
     kk = k.unsqueeze(-1) * k.unsqueeze(-2)  # kᵀ k   [B, H, Dk, Dk]
@@ -84,6 +96,8 @@ def ds_ok_projection_form(S, k, v, beta):
 
 # -- delta_rule.loop -----------------------------------------------------------------------------
 
+
+@wrong("delta_rule.loop", "state_read_once")
 def dl_one_read_for_the_block(q, k, v, beta, initial_state):
     S = initial_state
     v_old = k @ S  # read the board at every key at once
@@ -92,6 +106,7 @@ def dl_one_read_for_the_block(q, k, v, beta, initial_state):
     return q @ S, S
 
 
+@wrong("delta_rule.loop", "output_before_update")
 def dl_reads_before_writing(q, k, v, beta, initial_state):
     S, outs = initial_state, []
     for t in range(q.shape[2]):
@@ -101,6 +116,7 @@ def dl_reads_before_writing(q, k, v, beta, initial_state):
     return torch.stack(outs, dim=2), S
 
 
+@wrong("delta_rule.loop", "additive")
 def dl_linear_attention(q, k, v, beta, initial_state):
     S, outs = initial_state, []
     for t in range(q.shape[2]):
@@ -109,6 +125,7 @@ def dl_linear_attention(q, k, v, beta, initial_state):
     return torch.stack(outs, dim=2), S
 
 
+@wrong("delta_rule.loop", "ignores_initial_state")
 def dl_starts_from_zero(q, k, v, beta, initial_state):
     S = torch.zeros_like(initial_state)
     outs = []
@@ -130,6 +147,7 @@ def dl_float32_state(q, k, v, beta, initial_state):
     return torch.stack(outs, dim=2), S
 
 
+@right("delta_rule.loop")
 def dl_ok_loop(q, k, v, beta, initial_state):
     S, outs = initial_state.clone(), []
     for t in range(q.shape[2]):
@@ -140,32 +158,9 @@ def dl_ok_loop(q, k, v, beta, initial_state):
     return torch.cat(outs, dim=2), S
 
 
+@right("delta_rule.loop")
 def dl_ok_parallel(q, k, v, beta, initial_state):
     return delta_rule.parallel(q, k, v, beta, initial_state=initial_state)
-
-
-REALISTIC = [
-    ("delta_rule.step", ds_adds_the_value, "no_erase"),
-    ("delta_rule.step", ds_minus, "sign_flipped"),
-    ("delta_rule.step", ds_beta_on_new_value, "beta_on_v_only"),
-    ("delta_rule.step", ds_forgets_beta, "no_beta"),
-    ("delta_rule.step", ds_returns_delta, "returns_update"),
-    ("delta_rule.step", ds_normalises, "normalizes_key"),
-    ("delta_rule.step", ds_papers_read, "transposed_read"),
-    ("delta_rule.step", ds_outer_the_wrong_way, None),
-    ("delta_rule.loop", dl_one_read_for_the_block, "state_read_once"),
-    ("delta_rule.loop", dl_reads_before_writing, "output_before_update"),
-    ("delta_rule.loop", dl_linear_attention, "additive"),
-    ("delta_rule.loop", dl_starts_from_zero, "ignores_initial_state"),
-]
-
-CORRECT = [
-    ("delta_rule.step", ds_ok_loop),
-    ("delta_rule.step", ds_ok_matmul),
-    ("delta_rule.step", ds_ok_projection_form),
-    ("delta_rule.loop", dl_ok_loop),
-    ("delta_rule.loop", dl_ok_parallel),
-]
 
 
 def test_the_posts_block_update_passes_only_the_single_token_case():

@@ -11,11 +11,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from helpers import run
+from helpers import right, run, wrong
 from tinyk3 import checks
 
 # -- chunked.linear_attention ----------------------------------------------------------------------
 
+
+@wrong("chunked.linear_attention", "drops_remainder")
 def la_post_style_range(q, k, v, chunk_size):
     """The post's loop: range(t // C) chunks."""
     b, h, t, d = q.shape
@@ -33,6 +35,7 @@ def la_post_style_range(q, k, v, chunk_size):
     return torch.cat(outs, dim=2) if outs else v[:, :, :0]
 
 
+@wrong("chunked.linear_attention", "read_after_write")
 def la_update_then_read(q, k, v, chunk_size):
     B, H, T, Dk = q.shape
     S = torch.zeros(B, H, Dk, v.shape[-1], dtype=v.dtype)
@@ -45,6 +48,7 @@ def la_update_then_read(q, k, v, chunk_size):
     return torch.cat(outs, dim=2)
 
 
+@wrong("chunked.linear_attention", "read_after_write")
 def la_inclusive_cumsum(q, k, v, chunk_size):
     """Vectorised, but every chunk starts from a state that already holds itself."""
     B, H, T, D = q.shape
@@ -58,6 +62,7 @@ def la_inclusive_cumsum(q, k, v, chunk_size):
     return o.reshape(B, H, N * C, -1)[:, :, :T]
 
 
+@wrong("chunked.linear_attention", "no_inter_chunk")
 def la_blocks_only(q, k, v, chunk_size):
     """Masked attention inside each chunk, nothing carried across."""
     outs = []
@@ -68,6 +73,7 @@ def la_blocks_only(q, k, v, chunk_size):
     return torch.cat(outs, dim=2)
 
 
+@wrong("chunked.linear_attention", "no_mask")
 def la_forgot_mask(q, k, v, chunk_size):
     B, H, T, Dk = q.shape
     S = q.new_zeros(B, H, Dk, v.shape[-1])
@@ -78,6 +84,7 @@ def la_forgot_mask(q, k, v, chunk_size):
     return torch.cat(outs, 2)
 
 
+@wrong("chunked.linear_attention", "previous_chunk_only")
 def la_overwrites_state(q, k, v, chunk_size):
     B, H, T, Dk = q.shape
     S = q.new_zeros(B, H, Dk, v.shape[-1])
@@ -88,6 +95,7 @@ def la_overwrites_state(q, k, v, chunk_size):
     return torch.cat(outs, 2)
 
 
+@right("chunked.linear_attention")
 def la_ok_loop(q, k, v, chunk_size):
     B, H, T, Dk = q.shape
     S = torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype)
@@ -100,6 +108,7 @@ def la_ok_loop(q, k, v, chunk_size):
     return torch.cat(outs, dim=2)
 
 
+@right("chunked.linear_attention")
 def la_ok_vectorised(q, k, v, chunk_size):
     B, H, T, D = q.shape
     C = chunk_size
@@ -112,6 +121,7 @@ def la_ok_vectorised(q, k, v, chunk_size):
     return o.reshape(B, H, N * C, -1)[:, :, :T]
 
 
+@right("chunked.linear_attention")
 def la_ok_per_token_then_blocks(q, k, v, chunk_size):
     """Einsum over chunk indices, with the chunk states from a shifted cumsum."""
     B, H, T, D = q.shape
@@ -129,31 +139,38 @@ def la_ok_per_token_then_blocks(q, k, v, chunk_size):
 
 # -- chunked.flops -----------------------------------------------------------------------------
 
+
+@wrong("chunked.flops", "multiply_adds")
 def fl_posts_formula(T, D, C):
     return 2 * T * D**2 + 2 * T * C * D
 
 
+@wrong("chunked.flops", "closed_form_unpadded")
 def fl_facts_formula(T, D, C):
     return 4 * T * D**2 + 4 * T * C * D
 
 
+@wrong("chunked.flops", "floor_chunks")
 def fl_floor_loop(T, D, C):
     n = T // C
     per_chunk = 2 * C * D * D + 2 * D * C * D + 2 * C * D * C + 2 * C * C * D
     return n * per_chunk
 
 
+@wrong("chunked.flops", "one_state_product")
 def fl_reads_state_only(T, D, C):
     chunks = math.ceil(T / C)
     return chunks * (2 * C * D * D) + chunks * (2 * C * C * D + 2 * C * C * D)
 
 
+@wrong("chunked.flops", "c_squared_per_token")
 def fl_blocks_per_token(T, D, C):
     state = 4 * T * D * D
     blocks = T * (2 * C * C * D) * 2
     return state + blocks
 
 
+@wrong("chunked.flops", "exact_last_chunk")
 def fl_true_lengths(T, D, C):
     total = 0
     for start in range(0, T, C):
@@ -162,10 +179,12 @@ def fl_true_lengths(T, D, C):
     return total
 
 
+@right("chunked.flops")
 def fl_ok_ceil(T, D, C):
     return math.ceil(T / C) * (4 * C * D * D + 4 * C * C * D)
 
 
+@right("chunked.flops")
 def fl_ok_loop(T, D, C):
     total = 0
     for _ in range(0, T, C):
@@ -175,29 +194,6 @@ def fl_ok_loop(T, D, C):
         total += 2 * C * C * D  # (…) V_c
     return total
 
-
-REALISTIC = [
-    ("chunked.linear_attention", la_post_style_range, "drops_remainder"),
-    ("chunked.linear_attention", la_update_then_read, "read_after_write"),
-    ("chunked.linear_attention", la_inclusive_cumsum, "read_after_write"),
-    ("chunked.linear_attention", la_blocks_only, "no_inter_chunk"),
-    ("chunked.linear_attention", la_forgot_mask, "no_mask"),
-    ("chunked.linear_attention", la_overwrites_state, "previous_chunk_only"),
-    ("chunked.flops", fl_posts_formula, "multiply_adds"),
-    ("chunked.flops", fl_facts_formula, "closed_form_unpadded"),
-    ("chunked.flops", fl_floor_loop, "floor_chunks"),
-    ("chunked.flops", fl_reads_state_only, "one_state_product"),
-    ("chunked.flops", fl_blocks_per_token, "c_squared_per_token"),
-    ("chunked.flops", fl_true_lengths, "exact_last_chunk"),
-]
-
-CORRECT = [
-    ("chunked.linear_attention", la_ok_loop),
-    ("chunked.linear_attention", la_ok_vectorised),
-    ("chunked.linear_attention", la_ok_per_token_then_blocks),
-    ("chunked.flops", fl_ok_ceil),
-    ("chunked.flops", fl_ok_loop),
-]
 
 CH6 = ("chunked.linear_attention", "chunked.flops")
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from helpers import right, wrong
 from tinyk3 import checks
 
 # -- wy.forward_substitution ----------------------------------------------------------------------
 
 
+@wrong("wy.forward_substitution", "wrong_sign")
 def fs_plus_sign(A):
     C = A.shape[-1]
     X = torch.zeros_like(A)
@@ -22,6 +24,7 @@ def fs_plus_sign(A):
     return X
 
 
+@wrong("wy.forward_substitution", "transposed")
 def fs_columns_as_rows(A):
     """Solve A x = e_m for each column m, then stack the columns along the wrong axis."""
     C = A.shape[-1]
@@ -34,11 +37,13 @@ def fs_columns_as_rows(A):
     return torch.stack(cols, dim=-2)  # should be dim=-1
 
 
+@wrong("wy.forward_substitution", "transposed")
 def fs_upper_solve(A):
     eye = torch.eye(A.shape[-1], dtype=A.dtype).expand_as(A)
     return torch.linalg.solve_triangular(A.transpose(-1, -2), eye, upper=True)
 
 
+@wrong("wy.forward_substitution", "previous_row_only")
 def fs_last_row_only(A):
     C = A.shape[-1]
     X = torch.eye(C, dtype=A.dtype).repeat(*A.shape[:-2], 1, 1)
@@ -47,11 +52,13 @@ def fs_last_row_only(A):
     return X
 
 
+@wrong("wy.forward_substitution", "first_order")
 def fs_one_neumann_term(A):
     L = A - torch.eye(A.shape[-1], dtype=A.dtype)  # strictly lower part
     return torch.eye(A.shape[-1], dtype=A.dtype) - L  # (I + L)⁻¹ ≈ I − L
 
 
+@wrong("wy.forward_substitution", "no_identity")
 def fs_in_place_without_identity(A):
     """The kernels' in-place loop on N = −tril(A, −1), without adding I at the end."""
     N = -A.tril(-1)
@@ -60,6 +67,7 @@ def fs_in_place_without_identity(A):
     return N
 
 
+@wrong("wy.forward_substitution", "includes_diagonal")
 def fs_whole_row(A):
     X = torch.eye(A.shape[-1], dtype=A.dtype).repeat(*A.shape[:-2], 1, 1)
     for i in range(A.shape[-1]):
@@ -67,19 +75,23 @@ def fs_whole_row(A):
     return X
 
 
+@right("wy.forward_substitution")
 def fs_ok_inverse(A):
     return torch.linalg.inv(A)
 
 
+@right("wy.forward_substitution")
 def fs_ok_solve(A):
     eye = torch.eye(A.shape[-1], dtype=A.dtype).expand_as(A)
     return torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
 
 
+@right("wy.forward_substitution")
 def fs_ok_columns(A):
     return fs_columns_as_rows(A).transpose(-1, -2)
 
 
+@right("wy.forward_substitution")
 def fs_ok_in_place(A):
     return fs_in_place_without_identity(A) + torch.eye(A.shape[-1], dtype=A.dtype)
 
@@ -94,34 +106,42 @@ def _cat(X11, X21, X22):
     return out
 
 
+@wrong("wy.merge_block_inverse", "wrong_sign")
 def mb_plus(A11_inv, A21, A22_inv):
     return _cat(A11_inv, A22_inv @ A21 @ A11_inv, A22_inv)
 
 
+@wrong("wy.merge_block_inverse", "order_reversed")
 def mb_reversed(A11_inv, A21, A22_inv):
     return _cat(A11_inv, -(A11_inv @ A21 @ A22_inv), A22_inv)
 
 
+@wrong("wy.merge_block_inverse", "no_inverses")
 def mb_minus_A21(A11_inv, A21, A22_inv):
     return _cat(A11_inv, -A21, A22_inv)
 
 
+@wrong("wy.merge_block_inverse", "missing_A22_inv")
 def mb_right_inverse_only(A11_inv, A21, A22_inv):
     return _cat(A11_inv, -A21 @ A11_inv, A22_inv)
 
 
+@wrong("wy.merge_block_inverse", "missing_A11_inv")
 def mb_left_inverse_only(A11_inv, A21, A22_inv):
     return _cat(A11_inv, -(A22_inv @ A21), A22_inv)
 
 
+@wrong("wy.merge_block_inverse")
 def mb_block_diagonal(A11_inv, A21, A22_inv):
     return _cat(A11_inv, torch.zeros_like(A21), A22_inv)  # "the inverse is block diagonal"
 
 
+@right("wy.merge_block_inverse")
 def mb_ok_slices(A11_inv, A21, A22_inv):
     return _cat(A11_inv, -A22_inv @ (A21 @ A11_inv), A22_inv)
 
 
+@right("wy.merge_block_inverse")
 def mb_ok_invert_everything(A11_inv, A21, A22_inv):
     A = _cat(torch.linalg.inv(A11_inv), A21, torch.linalg.inv(A22_inv))
     return torch.linalg.inv(A)
@@ -134,46 +154,54 @@ def _I(k):
     return torch.eye(k.shape[-2], dtype=k.dtype)
 
 
+@wrong("wy.wy_factors", "no_beta_diag")
 def wf_forgets_beta_on_the_right(k, v, beta):
     A = _I(k) + torch.tril(beta[..., None] * (k @ k.mT), diagonal=-1)
     return torch.linalg.solve(A, k), torch.linalg.solve(A, v)
 
 
+@wrong("wy.wy_factors", "diagonal_in_tril")
 def wf_tril_with_diagonal(k, v, beta):
     A = _I(k) + torch.tril(beta[..., None] * (k @ k.mT))
     T = torch.linalg.inv(A) * beta[..., None, :]
     return T @ k, T @ v
 
 
+@wrong("wy.wy_factors", "beta_missing_in_A")
 def wf_plain_gram(k, v, beta):
     A = _I(k) + torch.tril(k @ k.mT, diagonal=-1)
     return torch.linalg.solve(A, beta[..., None] * k), torch.linalg.solve(A, beta[..., None] * v)
 
 
+@wrong("wy.wy_factors", "beta_on_columns")
 def wf_k_beta_on_the_wrong_side(k, v, beta):
     k_beta = k * beta[..., None]
     A = _I(k) + (k @ k_beta.mT).tril(-1)
     return torch.linalg.solve(A, k_beta), torch.linalg.solve(A, v * beta[..., None])
 
 
+@wrong("wy.wy_factors", "beta_scales_rows")
 def wf_beta_times_inverse(k, v, beta):
     A = _I(k) + (beta[..., None] * (k @ k.mT)).tril(-1)
     T = beta[..., None] * torch.linalg.inv(A)
     return T @ k, T @ v
 
 
+@wrong("wy.wy_factors", "wrong_sign")
 def wf_minus_sign(k, v, beta):
     A = _I(k) - (beta[..., None] * (k @ k.mT)).tril(-1)
     T = torch.linalg.inv(A) * beta[..., None, :]
     return T @ k, T @ v
 
 
+@wrong("wy.wy_factors", "transposed_T")
 def wf_T_transposed(k, v, beta):
     A = _I(k) + (beta[..., None] * (k @ k.mT)).tril(-1)
     T = torch.linalg.inv(A) * beta[..., None, :]
     return T.mT @ k, T.mT @ v
 
 
+@right("wy.wy_factors")
 def wf_ok_recursion(k, v, beta):
     ws, us = [], []
     for r in range(k.shape[-2]):
@@ -186,47 +214,13 @@ def wf_ok_recursion(k, v, beta):
     return torch.stack(ws, dim=-2), torch.stack(us, dim=-2)
 
 
+@right("wy.wy_factors")
 def wf_ok_kernel_style(k, v, beta):
     """Strictly lower A, (I + A)⁻¹, then β folded into K and V."""
     A = (beta[..., None] * (k @ k.mT)).tril(-1)
     eye = _I(k).expand_as(A)
     Ai = torch.linalg.solve_triangular(eye + A, eye, upper=False, unitriangular=True)
     return Ai @ (k * beta[..., None]), Ai @ (v * beta[..., None])
-
-
-REALISTIC = [
-    ("wy.forward_substitution", fs_plus_sign, "wrong_sign"),
-    ("wy.forward_substitution", fs_columns_as_rows, "transposed"),
-    ("wy.forward_substitution", fs_upper_solve, "transposed"),
-    ("wy.forward_substitution", fs_last_row_only, "previous_row_only"),
-    ("wy.forward_substitution", fs_one_neumann_term, "first_order"),
-    ("wy.forward_substitution", fs_in_place_without_identity, "no_identity"),
-    ("wy.forward_substitution", fs_whole_row, "includes_diagonal"),
-    ("wy.merge_block_inverse", mb_plus, "wrong_sign"),
-    ("wy.merge_block_inverse", mb_reversed, "order_reversed"),
-    ("wy.merge_block_inverse", mb_minus_A21, "no_inverses"),
-    ("wy.merge_block_inverse", mb_right_inverse_only, "missing_A22_inv"),
-    ("wy.merge_block_inverse", mb_left_inverse_only, "missing_A11_inv"),
-    ("wy.merge_block_inverse", mb_block_diagonal, None),
-    ("wy.wy_factors", wf_forgets_beta_on_the_right, "no_beta_diag"),
-    ("wy.wy_factors", wf_tril_with_diagonal, "diagonal_in_tril"),
-    ("wy.wy_factors", wf_plain_gram, "beta_missing_in_A"),
-    ("wy.wy_factors", wf_k_beta_on_the_wrong_side, "beta_on_columns"),
-    ("wy.wy_factors", wf_beta_times_inverse, "beta_scales_rows"),
-    ("wy.wy_factors", wf_minus_sign, "wrong_sign"),
-    ("wy.wy_factors", wf_T_transposed, "transposed_T"),
-]
-
-CORRECT = [
-    ("wy.forward_substitution", fs_ok_inverse),
-    ("wy.forward_substitution", fs_ok_solve),
-    ("wy.forward_substitution", fs_ok_columns),
-    ("wy.forward_substitution", fs_ok_in_place),
-    ("wy.merge_block_inverse", mb_ok_slices),
-    ("wy.merge_block_inverse", mb_ok_invert_everything),
-    ("wy.wy_factors", wf_ok_recursion),
-    ("wy.wy_factors", wf_ok_kernel_style),
-]
 
 
 def test_reversed_products_run_only_on_equal_blocks():

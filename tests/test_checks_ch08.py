@@ -12,6 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from helpers import right, wrong
 from tinyk3 import checks
 from tinyk3.ops import wy
 
@@ -48,34 +49,42 @@ def _learner_loop(q, k, v, beta, chunk_size, *, bug=None):
     return torch.cat(outputs, dim=2), S
 
 
+@wrong("chunkwise.delta_rule", "u_not_u_prime")
 def cw_forgot_minus_WS(q, k, v, beta, chunk_size):
     return _learner_loop(q, k, v, beta, chunk_size, bug="forgot_minus_WS")
 
 
+@wrong("chunkwise.delta_rule", "state_with_u")
 def cw_state_from_U(q, k, v, beta, chunk_size):
     return _learner_loop(q, k, v, beta, chunk_size, bug="state_from_U")
 
 
+@wrong("chunkwise.delta_rule", "read_after_write")
 def cw_update_first(q, k, v, beta, chunk_size):
     return _learner_loop(q, k, v, beta, chunk_size, bug="update_first")
 
 
+@wrong("chunkwise.delta_rule", "no_mask")
 def cw_no_mask(q, k, v, beta, chunk_size):
     return _learner_loop(q, k, v, beta, chunk_size, bug="no_mask")
 
 
+@wrong("chunkwise.delta_rule", "strict_mask")
 def cw_strict_mask(q, k, v, beta, chunk_size):
     return _learner_loop(q, k, v, beta, chunk_size, bug="strict")
 
 
+@wrong("chunkwise.delta_rule", "drops_remainder")
 def cw_floor_chunks(q, k, v, beta, chunk_size):
     return _learner_loop(q, k, v, beta, chunk_size, bug="floor")
 
 
+@wrong("chunkwise.delta_rule")
 def cw_T_transposed(q, k, v, beta, chunk_size):
     return _learner_loop(q, k, v, beta, chunk_size, bug="T_transposed")
 
 
+@wrong("chunkwise.delta_rule", "output_with_u")
 def cw_deltas_only_in_state(q, k, v, beta, chunk_size):
     """Computes U' for the state but reads the chunk's block with the plain U = T V."""
     B, H, T, Dk = q.shape
@@ -90,6 +99,7 @@ def cw_deltas_only_in_state(q, k, v, beta, chunk_size):
     return torch.cat(outs, dim=-2), S
 
 
+@right("chunkwise.delta_rule")
 def cw_ok_token_loop(q, k, v, beta, chunk_size):
     """Ignores the chunks and runs the recurrence: the same numbers."""
     B, H, T, Dk = q.shape
@@ -103,6 +113,7 @@ def cw_ok_token_loop(q, k, v, beta, chunk_size):
     return torch.stack(outs, dim=2), S
 
 
+@right("chunkwise.delta_rule")
 def cw_ok_padded(q, k, v, beta, chunk_size):
     """Pads to a multiple of C (k = 0, β = 0 change nothing), runs whole chunks, crops."""
     T = q.shape[2]
@@ -113,6 +124,7 @@ def cw_ok_padded(q, k, v, beta, chunk_size):
     return o[:, :, :T], S
 
 
+@right("chunkwise.delta_rule")
 def cw_ok_recursion(q, k, v, beta, chunk_size):
     """W and U from the row recursion of chapter 7 instead of ut_transform."""
     B, H, T, Dk = q.shape
@@ -138,11 +150,13 @@ def cw_ok_recursion(q, k, v, beta, chunk_size):
 # -- chunkwise.flops ------------------------------------------------------------------------------
 
 
+@wrong("chunkwise.flops", "multiply_adds")
 def fl_multiply_adds(T, D, C):
     n = math.ceil(T / C)
     return n * (C * C * D + C**3 / 6 + 2 * C * C * D + C * C * D + 3 * C * D * D + C * C * D)
 
 
+@wrong("chunkwise.flops", "linear_attention_state")
 def fl_two_state_products(T, D, C):
     n = math.ceil(T / C)
     gram, inverse, wy_, scores, block = 2 * C * C * D, C**3 / 3, 4 * C * C * D, 2 * C * C * D, 2 * C * C * D
@@ -150,28 +164,34 @@ def fl_two_state_products(T, D, C):
     return n * (gram + inverse + wy_ + scores + block + state)
 
 
+@wrong("chunkwise.flops", "floor_chunks")
 def fl_floor(T, D, C):
     per_chunk = 10 * C * C * D + C**3 / 3 + 6 * C * D * D
     return (T // C) * per_chunk
 
 
+@wrong("chunkwise.flops", "closed_form_unpadded")
 def fl_closed_form(T, D, C):
     return 6 * T * D**2 + 10 * T * C * D + T * C**2 / 3
 
 
+@wrong("chunkwise.flops", "no_inverse")
 def fl_no_inverse(T, D, C):
     return math.ceil(T / C) * (10 * C * C * D + 6 * C * D * D)
 
 
+@wrong("chunkwise.flops", "chapter_6_count")
 def fl_linear_attention(T, D, C):
     return math.ceil(T / C) * (4 * C * D * D + 4 * C * C * D)
 
 
+@wrong("chunkwise.flops")
 def fl_dense_solve(T, D, C):
     """Counts the inverse as a dense solve with C right-hand sides (C³), not C³/3."""
     return math.ceil(T / C) * (10 * C * C * D + C**3 + 6 * C * D * D)
 
 
+@right("chunkwise.flops")
 def fl_ok_sum_of_products(T, D, C):
     def mm(m, k, n):
         return 2 * m * k * n
@@ -181,37 +201,15 @@ def fl_ok_sum_of_products(T, D, C):
     return -(-T // C) * per_chunk
 
 
+@right("chunkwise.flops")
 def fl_ok_integer_inverse(T, D, C):
     """C³ // 3 instead of C³ / 3: off by less than one flop per chunk."""
     return math.ceil(T / C) * (10 * C * C * D + C**3 // 3 + 6 * C * D * D)
 
 
-REALISTIC = [
-    ("chunkwise.delta_rule", cw_forgot_minus_WS, "u_not_u_prime"),
-    ("chunkwise.delta_rule", cw_state_from_U, "state_with_u"),
-    ("chunkwise.delta_rule", cw_deltas_only_in_state, "output_with_u"),
-    ("chunkwise.delta_rule", cw_update_first, "read_after_write"),
-    ("chunkwise.delta_rule", cw_no_mask, "no_mask"),
-    ("chunkwise.delta_rule", cw_strict_mask, "strict_mask"),
-    ("chunkwise.delta_rule", cw_floor_chunks, "drops_remainder"),
-    ("chunkwise.delta_rule", cw_T_transposed, None),
-    ("chunkwise.flops", fl_multiply_adds, "multiply_adds"),
-    ("chunkwise.flops", fl_two_state_products, "linear_attention_state"),
-    ("chunkwise.flops", fl_floor, "floor_chunks"),
-    ("chunkwise.flops", fl_closed_form, "closed_form_unpadded"),
-    ("chunkwise.flops", fl_no_inverse, "no_inverse"),
-    ("chunkwise.flops", fl_linear_attention, "chapter_6_count"),
-    ("chunkwise.flops", fl_dense_solve, None),
-]
-
-CORRECT = [
-    ("chunkwise.delta_rule", cw_ok_token_loop),
-    ("chunkwise.delta_rule", cw_ok_padded),
-    ("chunkwise.delta_rule", cw_ok_recursion),
-    ("chunkwise.delta_rule", lambda q, k, v, beta, chunk_size: _learner_loop(q, k, v, beta, chunk_size)),
-    ("chunkwise.flops", fl_ok_sum_of_products),
-    ("chunkwise.flops", fl_ok_integer_inverse),
-]
+CORRECT = {  # answers made by a factory
+    "chunkwise.delta_rule": (lambda q, k, v, beta, chunk_size: _learner_loop(q, k, v, beta, chunk_size),),
+}
 
 
 def test_the_cases_expose_the_remainder_and_the_limits():

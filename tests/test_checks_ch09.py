@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import torch
 
-from helpers import flat
+from helpers import flat, right, wrong
 from tinyk3 import checks
 
 # The output-stage exercise runs Triton kernels: rerun with Triton hidden by `make unit-no-triton`.
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.triton
 # -- kernel.tile_offsets --------------------------------------------------------------------------
 
 
+@wrong("kernel.tile_offsets", "no_row_mask")
 def to_no_row_mask(i_bh, i_c, T, D, C, BD):
     """Masks the padding columns, forgets that the last chunk can be short."""
     rows = torch.arange(i_c * C, i_c * C + C)
@@ -34,6 +35,7 @@ def to_no_row_mask(i_bh, i_c, T, D, C, BD):
     return offsets, mask
 
 
+@wrong("kernel.tile_offsets", "row_stride_T")
 def to_row_stride_T(i_bh, i_c, T, D, C, BD):
     """Steps from token to token by T (confusing the sequence length with the row length)."""
     t = i_c * C + torch.arange(C)
@@ -43,12 +45,14 @@ def to_row_stride_T(i_bh, i_c, T, D, C, BD):
     return offsets, mask
 
 
+@wrong("kernel.tile_offsets", "head_stride_T")
 def to_head_stride_like_beta(i_bh, i_c, T, D, C, BD):
     """Copies the head offset from β's load (beta + i_bh * T + o_t)."""
     t, d = torch.meshgrid(i_c * C + torch.arange(C), torch.arange(BD), indexing="ij")
     return i_bh * T + t * D + d, (t < T) & (d < D)
 
 
+@wrong("kernel.tile_offsets", "row_le_T")
 def to_le(i_bh, i_c, T, D, C, BD):
     """`t <= T`: one token too many in the last chunk."""
     t = torch.arange(C) + i_c * C
@@ -56,6 +60,7 @@ def to_le(i_bh, i_c, T, D, C, BD):
     return (i_bh * T + t[:, None]) * D + d, (t[:, None] <= T) & (d < D)
 
 
+@wrong("kernel.tile_offsets", "transposed_strides")
 def to_column_major(i_bh, i_c, T, D, C, BD):
     """Thinks of a head as D columns of T tokens."""
     t = (i_c * C + torch.arange(C))[:, None]
@@ -63,17 +68,20 @@ def to_column_major(i_bh, i_c, T, D, C, BD):
     return i_bh * T * D + t + d * T, (t < T) & (d < D)
 
 
+@wrong("kernel.tile_offsets")
 def to_int32(i_bh, i_c, T, D, C, BD):
     """Right numbers, but int32 (GPU kernels overflow that way past 2³¹ elements)."""
     offsets, mask = checks.EXERCISES["kernel.tile_offsets"].reference(i_bh, i_c, T, D, C, BD)
     return offsets.to(torch.int32), mask
 
 
+@right("kernel.tile_offsets")
 def to_ok_meshgrid(i_bh, i_c, T, D, C, BD):
     t, d = torch.meshgrid(torch.arange(i_c * C, (i_c + 1) * C), torch.arange(BD), indexing="ij")
     return i_bh * T * D + t * D + d, (t <= T - 1) & (d <= D - 1)
 
 
+@right("kernel.tile_offsets")
 def to_ok_numpy_style(i_bh, i_c, T, D, C, BD):
     """Builds the row starts first, then adds the columns (as a pointer + offsets)."""
     start = i_bh * T * D + i_c * C * D
@@ -87,6 +95,7 @@ def to_ok_numpy_style(i_bh, i_c, T, D, C, BD):
 # -- kernel.state_pass_block ----------------------------------------------------------------------
 
 
+@right("kernel.state_pass_block")
 def _learner_pass(w, u, k, s0, chunk_size, i_v, BV, *, bug=None):
     T, Dv = u.shape
     lo = i_v * BV
@@ -108,32 +117,39 @@ def _learner_pass(w, u, k, s0, chunk_size, i_v, BV, *, bug=None):
     return torch.stack(states), torch.cat(u_new), S
 
 
+@wrong("kernel.state_pass_block", "stores_next_state")
 def sp_store_late(w, u, k, s0, chunk_size, i_v, BV):
     return _learner_pass(w, u, k, s0, chunk_size, i_v, BV, bug="store_late")
 
 
+@wrong("kernel.state_pass_block", "no_minus_WS")
 def sp_no_WS(w, u, k, s0, chunk_size, i_v, BV):
     return _learner_pass(w, u, k, s0, chunk_size, i_v, BV, bug="no_WS")
 
 
+@wrong("kernel.state_pass_block", "block_from_column_0")
 def sp_s0_first_columns(w, u, k, s0, chunk_size, i_v, BV):
     return _learner_pass(w, u, k, s0, chunk_size, i_v, BV, bug="s0_first_columns")
 
 
+@wrong("kernel.state_pass_block", "state_with_u")
 def sp_update_with_U(w, u, k, s0, chunk_size, i_v, BV):
     return _learner_pass(w, u, k, s0, chunk_size, i_v, BV, bug="update_with_U")
 
 
+@wrong("kernel.state_pass_block", "floor_chunks")
 def sp_floor(w, u, k, s0, chunk_size, i_v, BV):
     return _learner_pass(w, u, k, s0, chunk_size, i_v, BV, bug="floor")
 
 
+@wrong("kernel.state_pass_block")
 def sp_states_list_of_S_plus_one(w, u, k, s0, chunk_size, i_v, BV):
     """Writes the states with S_0 prepended and never drops the final one: N + 1 states."""
     states, u_new, S = _learner_pass(w, u, k, s0, chunk_size, i_v, BV)
     return torch.cat([states, S[None]]), u_new, S
 
 
+@right("kernel.state_pass_block")
 def sp_ok_all_columns_then_slice(w, u, k, s0, chunk_size, i_v, BV):
     """Runs the pass on every column and keeps the block's: the columns never mix."""
     states, u_new, S = _learner_pass(w, u, k, s0, chunk_size, 0, u.shape[1])
@@ -141,6 +157,7 @@ def sp_ok_all_columns_then_slice(w, u, k, s0, chunk_size, i_v, BV):
     return states[..., cols], u_new[:, cols], S[:, cols]
 
 
+@right("kernel.state_pass_block")
 def sp_ok_padded(w, u, k, s0, chunk_size, i_v, BV):
     """Pads T to a multiple of C with zero rows (as the kernel's masked loads do), crops U'."""
     T = u.shape[0]
@@ -150,6 +167,7 @@ def sp_ok_padded(w, u, k, s0, chunk_size, i_v, BV):
     return states, u_new[:T], S
 
 
+@right("kernel.state_pass_block")
 def sp_ok_einsum(w, u, k, s0, chunk_size, i_v, BV):
     cols = slice(i_v * BV, (i_v + 1) * BV)  # slicing past Dv is fine in PyTorch
     S = s0[:, cols]
@@ -163,32 +181,8 @@ def sp_ok_einsum(w, u, k, s0, chunk_size, i_v, BV):
     return torch.stack(states), torch.cat(du), S
 
 
-REALISTIC = [
-    ("kernel.tile_offsets", to_no_row_mask, "no_row_mask"),
-    ("kernel.tile_offsets", to_row_stride_T, "row_stride_T"),
-    ("kernel.tile_offsets", to_head_stride_like_beta, "head_stride_T"),
-    ("kernel.tile_offsets", to_le, "row_le_T"),
-    ("kernel.tile_offsets", to_column_major, "transposed_strides"),
-    ("kernel.tile_offsets", to_int32, None),
-    ("kernel.state_pass_block", sp_store_late, "stores_next_state"),
-    ("kernel.state_pass_block", sp_no_WS, "no_minus_WS"),
-    ("kernel.state_pass_block", sp_s0_first_columns, "block_from_column_0"),
-    ("kernel.state_pass_block", sp_update_with_U, "state_with_u"),
-    ("kernel.state_pass_block", sp_floor, "floor_chunks"),
-    ("kernel.state_pass_block", sp_states_list_of_S_plus_one, None),
-]
-
 # kernel.output_stage's wrong answers are Triton kernels, caught by the tests further down
 NAMED_ELSEWHERE = {"kernel.output_stage": ("no_causal_mask", "strict_mask")}
-
-CORRECT = [
-    ("kernel.tile_offsets", to_ok_meshgrid),
-    ("kernel.tile_offsets", to_ok_numpy_style),
-    ("kernel.state_pass_block", sp_ok_all_columns_then_slice),
-    ("kernel.state_pass_block", sp_ok_padded),
-    ("kernel.state_pass_block", sp_ok_einsum),
-    ("kernel.state_pass_block", _learner_pass),
-]
 
 
 def test_tile_cases_expose_partial_chunks_padding_and_other_heads():
@@ -355,6 +349,8 @@ def compile_error_kernel(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr
     ("state_one_back", "previous_chunk_state"),
     ("u_no_mask", "u_new_without_row_mask"),
 ])
+
+
 def test_output_kernel_wrong_answer_is_caught(bug, mistake, capsys):
     result = ck.check_output_kernel(_with_bug(bug))
     assert result.status == "failed" and result.mistake == mistake, result.report
@@ -387,6 +383,8 @@ def test_output_kernel_compile_error_is_reported_not_raised():
 @needs_triton
 @pytest.mark.parametrize("kernel", [ck.output_kernel_solution, ok_int64_and_float_mask,
                                     _with_bug("none")], ids=["solution", "int64-float-mask", "body"])
+
+
 def test_output_kernel_correct_answers_pass(kernel):
     result = ck.check_output_kernel(kernel, verbose=False)
     assert result and result.n_passed == result.n_cases == 5, result.report

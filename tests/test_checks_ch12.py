@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from helpers import run
+from helpers import right, run, wrong
 from tinyk3 import checks, gates
 from tinyk3.layers import ShortConvolution
 from tinyk3.layers.kda import l2_normalize
@@ -46,27 +46,33 @@ def _learner_conv(x, state, weight, *, bug=None):
     return y, new
 
 
+@wrong("kda_layer.conv_step", "flipped_taps")
 def cs_flipped(x, state, weight):
     return _learner_conv(x, state, weight, bug="flip")
 
 
+@wrong("kda_layer.conv_step", "no_silu")
 def cs_no_activation(x, state, weight):
     return _learner_conv(x, state, weight, bug="no_act")
 
 
+@wrong("kda_layer.conv_step", "silu_inside")
 def cs_activation_inside(x, state, weight):
     return _learner_conv(x, state, weight, bug="act_inside")
 
 
+@wrong("kda_layer.conv_step", "state_kept")
 def cs_state_not_slid(x, state, weight):
     return _learner_conv(x, state, weight, bug="keep")
 
 
+@wrong("kda_layer.conv_step", "state_holds_outputs")
 def cs_state_of_outputs(x, state, weight):
     """Slides the state, but appends the output y where the input x belongs."""
     return _learner_conv(x, state, weight, bug="outputs")
 
 
+@wrong("kda_layer.conv_step", "state_kept")
 def cs_drops_newest(x, state, weight):
     """Keeps the oldest K − 1 inputs of the window: that is the old state again."""
     window = torch.cat([state, x[..., None]], dim=-1)
@@ -74,21 +80,25 @@ def cs_drops_newest(x, state, weight):
     return y, window[..., : weight.shape[-1] - 1]
 
 
+@wrong("kda_layer.conv_step", "newest_first")
 def cs_newest_first(x, state, weight):
     """Keeps the state newest first: x in front, the oldest one dropped from the end."""
     y, _ = _learner_conv(x, state, weight)
     return y, torch.cat([x[..., None], state[..., 1:]], dim=-1)
 
 
+@wrong("kda_layer.conv_step")
 def cs_relu(x, state, weight):
     """ReLU where SiLU belongs: no registered mistake explains it."""
     return _learner_conv(x, state, weight, bug="relu")
 
 
+@right("kda_layer.conv_step")
 def cs_ok_loop(x, state, weight):
     return _learner_conv(x, state, weight)
 
 
+@right("kda_layer.conv_step")
 def cs_ok_conv1d(x, state, weight):
     """F.conv1d over the window, as a depthwise convolution with C groups."""
     window = torch.cat([state, x[..., None]], dim=-1)  # [B, C, K]
@@ -96,6 +106,7 @@ def cs_ok_conv1d(x, state, weight):
     return F.silu(y), window[..., 1:]
 
 
+@right("kda_layer.conv_step")
 def cs_ok_lib(x, state, weight):
     """One token through the lib's ShortConvolution, from the given state."""
     C, K = weight.shape
@@ -139,48 +150,59 @@ def _learner_inputs(q, k, b, a, A_log, dt_bias, gate, *, bug=None):
     return q, k, beta, g
 
 
+@wrong("kda_layer.inputs", "no_q_scale")
 def li_no_scale(*args):
     return _learner_inputs(*args, bug="no_scale")
 
 
+@wrong("kda_layer.inputs", "q_scaled_up")
 def li_times_sqrt(*args):
     return _learner_inputs(*args, bug="times_sqrt")
 
 
+@wrong("kda_layer.inputs", "k_scaled")
 def li_k_scaled(*args):
     return _learner_inputs(*args, bug="k_scaled")
 
 
+@wrong("kda_layer.inputs", "norm_over_tokens")
 def li_norm_over_tokens(*args):
     return _learner_inputs(*args, bug="norm_dim")
 
 
+@wrong("kda_layer.inputs", "wrong_gate_form")
 def li_swapped_forms(*args):
     return _learner_inputs(*args, bug="swap_forms")
 
 
+@wrong("kda_layer.inputs", "rate_outside_sigmoid")
 def li_rate_outside(*args):
     return _learner_inputs(*args, bug="rate_outside")
 
 
+@wrong("kda_layer.inputs", "A_log_not_exp")
 def li_log_rate(*args):
     return _learner_inputs(*args, bug="log_rate")
 
 
+@wrong("kda_layer.inputs", "no_dt_bias")
 def li_no_bias(*args):
     return _learner_inputs(*args, bug="no_bias")
 
 
+@wrong("kda_layer.inputs")
 def li_layout_kept(q, k, b, a, A_log, dt_bias, gate):
     """Right values in the projections' layout [B, T, H, ·]: a shape error, no named mistake."""
     q2, k2, beta, g = _learner_inputs(q, k, b, a, A_log, dt_bias, gate)
     return q2.transpose(1, 2), k2.transpose(1, 2), beta.transpose(1, 2), g.transpose(1, 2)
 
 
+@right("kda_layer.inputs")
 def li_ok(*args):
     return _learner_inputs(*args)
 
 
+@right("kda_layer.inputs")
 def li_ok_normalize(q, k, b, a, A_log, dt_bias, gate):
     """F.normalize (max(‖x‖, 1e-12) in the denominator) instead of fla's √(‖x‖² + 1e-6)."""
     Dk = q.shape[-1]
@@ -192,6 +214,7 @@ def li_ok_normalize(q, k, b, a, A_log, dt_bias, gate):
     return tuple(t.transpose(1, 2) for t in (q, k, torch.sigmoid(b), g))
 
 
+@right("kda_layer.inputs")
 def li_ok_lib(q, k, b, a, A_log, dt_bias, gate):
     """The lib's pieces: l2_normalize and tinyk3.gates, in the operators' layout."""
     q, k, b, a = (t.transpose(1, 2) for t in (q, k, b, a))
@@ -201,35 +224,6 @@ def li_ok_lib(q, k, b, a, A_log, dt_bias, gate):
 
 
 # -- the lists --------------------------------------------------------------------------------------
-
-REALISTIC = [
-    ("kda_layer.conv_step", cs_flipped, "flipped_taps"),
-    ("kda_layer.conv_step", cs_no_activation, "no_silu"),
-    ("kda_layer.conv_step", cs_activation_inside, "silu_inside"),
-    ("kda_layer.conv_step", cs_state_not_slid, "state_kept"),
-    ("kda_layer.conv_step", cs_drops_newest, "state_kept"),
-    ("kda_layer.conv_step", cs_state_of_outputs, "state_holds_outputs"),
-    ("kda_layer.conv_step", cs_newest_first, "newest_first"),
-    ("kda_layer.conv_step", cs_relu, None),
-    ("kda_layer.inputs", li_no_scale, "no_q_scale"),
-    ("kda_layer.inputs", li_times_sqrt, "q_scaled_up"),
-    ("kda_layer.inputs", li_k_scaled, "k_scaled"),
-    ("kda_layer.inputs", li_norm_over_tokens, "norm_over_tokens"),
-    ("kda_layer.inputs", li_swapped_forms, "wrong_gate_form"),
-    ("kda_layer.inputs", li_rate_outside, "rate_outside_sigmoid"),
-    ("kda_layer.inputs", li_log_rate, "A_log_not_exp"),
-    ("kda_layer.inputs", li_no_bias, "no_dt_bias"),
-    ("kda_layer.inputs", li_layout_kept, None),
-]
-
-CORRECT = [
-    ("kda_layer.conv_step", cs_ok_loop),
-    ("kda_layer.conv_step", cs_ok_conv1d),
-    ("kda_layer.conv_step", cs_ok_lib),
-    ("kda_layer.inputs", li_ok),
-    ("kda_layer.inputs", li_ok_normalize),
-    ("kda_layer.inputs", li_ok_lib),
-]
 
 
 def test_the_conv_step_reference_is_the_layer_convolution_token_by_token():

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from helpers import run
+from helpers import right, run, wrong
 from tinyk3 import checks
 from tinyk3.layers.rope import rope
 
@@ -38,31 +38,38 @@ def _learner_absorbed(q_nope, q_rope, c, k_rope, w_uk, *, bug=None):
     return s
 
 
+@wrong("mla.absorbed_scores", "no_scale")
 def as_no_scale(*args):
     return _learner_absorbed(*args, bug="no_scale")
 
 
+@wrong("mla.absorbed_scores", "scale_absorbed_width")
 def as_scale_absorbed_width(*args):
     return _learner_absorbed(*args, bug="scale_576")
 
 
+@wrong("mla.absorbed_scores", "scale_nope_only")
 def as_scale_dn(*args):
     return _learner_absorbed(*args, bug="scale_dn")
 
 
+@wrong("mla.absorbed_scores", "no_rope")
 def as_forgot_rope(*args):
     return _learner_absorbed(*args, bug="no_rope")
 
 
+@wrong("mla.absorbed_scores", "w_uk_transposed")
 def as_transposed(*args):
     return _learner_absorbed(*args, bug="transposed")
 
 
+@wrong("mla.absorbed_scores")
 def as_softmax(*args):
     """Returns the attention weights instead of the scores."""
     return _learner_absorbed(*args, bug="softmax")
 
 
+@right("mla.absorbed_scores")
 def as_ok_naive(q_nope, q_rope, c, k_rope, w_uk):
     """Expand the keys from the latents, then ordinary scores: what absorption avoids."""
     k_nope = torch.einsum("bsr,hnr->bhsn", c, w_uk)  # c W_UKᵀ per head   [B, H, S, dn]
@@ -72,6 +79,7 @@ def as_ok_naive(q_nope, q_rope, c, k_rope, w_uk):
     return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
 
 
+@right("mla.absorbed_scores")
 def as_ok_concat(q_nope, q_rope, c, k_rope, w_uk):
     """The absorbed query and the rope query as one (r + dr)-wide row, against [c, k_rope]."""
     q = torch.cat([q_nope @ w_uk.unsqueeze(0), q_rope], dim=-1)  # [B, H, T, r + dr]
@@ -103,26 +111,32 @@ def _learner_rope(x, positions, theta, *, bug=None):
     return y
 
 
+@wrong("mla.interleaved_rope", "rotate_half")
 def ir_rotate_half(x, positions, theta):
     return _learner_rope(x, positions, theta, bug="half")
 
 
+@wrong("mla.interleaved_rope", "deinterleaved_output")
 def ir_concatenated(x, positions, theta):
     return _learner_rope(x, positions, theta, bug="cat")
 
 
+@wrong("mla.interleaved_rope", "wrong_direction")
 def ir_negative_angle(x, positions, theta):
     return _learner_rope(x, positions, theta, bug="sign")
 
 
+@wrong("mla.interleaved_rope", "frequencies_without_two")
 def ir_frequencies(x, positions, theta):
     return _learner_rope(x, positions, theta, bug="no_two")
 
 
+@wrong("mla.interleaved_rope", "ignored_positions")
 def ir_arange(x, positions, theta):
     return _learner_rope(x, positions, theta, bug="positions")
 
 
+@wrong("mla.interleaved_rope")
 def ir_growing_frequencies(x, positions, theta):
     """theta^(+2i/D): the pairs turn faster and faster (no registered mistake)."""
     D = x.shape[-1]
@@ -132,6 +146,7 @@ def ir_growing_frequencies(x, positions, theta):
     return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
 
 
+@right("mla.interleaved_rope")
 def ir_ok_complex(x, positions, theta):
     """DeepSeek-V3's own inference code: pairs as complex numbers times e^{i t θ}."""
     D = x.shape[-1]
@@ -142,10 +157,12 @@ def ir_ok_complex(x, positions, theta):
     return torch.view_as_real(z * rot).flatten(-2).to(x.dtype)
 
 
+@right("mla.interleaved_rope")
 def ir_ok_lib(x, positions, theta):
     return rope(x, positions, theta=theta, interleaved=True)
 
 
+@right("mla.interleaved_rope")
 def ir_ok_permuted(x, positions, theta):
     """Rotate-half on the de-interleaved channels, then interleave back: the same rotation."""
     D = x.shape[-1]
@@ -156,30 +173,11 @@ def ir_ok_permuted(x, positions, theta):
 
 # -- the lists --------------------------------------------------------------------------------------
 
-REALISTIC = [
-    ("mla.absorbed_scores", as_no_scale, "no_scale"),
-    ("mla.absorbed_scores", as_scale_absorbed_width, "scale_absorbed_width"),
-    ("mla.absorbed_scores", as_scale_dn, "scale_nope_only"),
-    ("mla.absorbed_scores", as_forgot_rope, "no_rope"),
-    ("mla.absorbed_scores", as_transposed, "w_uk_transposed"),
-    ("mla.absorbed_scores", as_softmax, None),
-    ("mla.interleaved_rope", ir_rotate_half, "rotate_half"),
-    ("mla.interleaved_rope", ir_concatenated, "deinterleaved_output"),
-    ("mla.interleaved_rope", ir_negative_angle, "wrong_direction"),
-    ("mla.interleaved_rope", ir_frequencies, "frequencies_without_two"),
-    ("mla.interleaved_rope", ir_arange, "ignored_positions"),
-    ("mla.interleaved_rope", ir_growing_frequencies, None),
-]
 
-CORRECT = [
-    ("mla.absorbed_scores", as_ok_naive),
-    ("mla.absorbed_scores", as_ok_concat),
-    ("mla.absorbed_scores", lambda *a: _learner_absorbed(*a)),
-    ("mla.interleaved_rope", ir_ok_complex),
-    ("mla.interleaved_rope", ir_ok_lib),
-    ("mla.interleaved_rope", ir_ok_permuted),
-    ("mla.interleaved_rope", lambda x, p, th: _learner_rope(x, p, th)),
-]
+CORRECT = {  # answers made by a factory
+    "mla.absorbed_scores": (lambda *a: _learner_absorbed(*a),),
+    "mla.interleaved_rope": (lambda x, p, th: _learner_rope(x, p, th),),
+}
 
 IDS = ["mla.absorbed_scores", "mla.interleaved_rope"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers import run
+from helpers import right, run, wrong
 from tinyk3 import checks
 from tinyk3.layers import KDAConfig, MLAConfig, SwiGLUConfig
 from tinyk3.models import LM, LMConfig, presets
@@ -22,11 +22,13 @@ def _full(config):
     return config["linear_attn_config"]["full_attn_layers"]
 
 
+@wrong("kimi_linear.layer_kinds", "zero_based")
 def lk_zero_based(config):
     full = _full(config)
     return ["mla" if i in full else "kda" for i in range(config["num_hidden_layers"])]
 
 
+@wrong("kimi_linear.layer_kinds", "zero_based")
 def lk_zero_based_loop(config):
     kinds = ["kda"] * config["num_hidden_layers"]
     for j in _full(config):
@@ -35,20 +37,24 @@ def lk_zero_based_loop(config):
     return kinds
 
 
+@wrong("kimi_linear.layer_kinds", "every_fourth")
 def lk_every_fourth(config):
     return ["mla" if i % 4 == 3 else "kda" for i in range(config["num_hidden_layers"])]
 
 
+@wrong("kimi_linear.layer_kinds", "swapped")
 def lk_kda_list_as_mla(config):
     kda = config["linear_attn_config"]["kda_layers"]
     return ["mla" if i + 1 in kda else "kda" for i in range(config["num_hidden_layers"])]
 
 
+@wrong("kimi_linear.layer_kinds", "converted_twice")
 def lk_converted_twice(config):
     zero = [j - 1 for j in _full(config)]
     return ["mla" if i + 1 in zero else "kda" for i in range(config["num_hidden_layers"])]
 
 
+@right("kimi_linear.layer_kinds")
 def lk_ok_loop(config):
     kinds = ["kda"] * config["num_hidden_layers"]
     for j in _full(config):
@@ -56,6 +62,7 @@ def lk_ok_loop(config):
     return kinds
 
 
+@right("kimi_linear.layer_kinds")
 def lk_ok_from_kda_list(config):
     kda = set(config["linear_attn_config"]["kda_layers"])
     return tuple("kda" if n in kda else "mla" for n in range(1, config["num_hidden_layers"] + 1))
@@ -64,40 +71,48 @@ def lk_ok_from_kda_list(config):
 # -- kimi_linear.state_bytes ----------------------------------------------------------------------
 
 
+@wrong("kimi_linear.state_bytes", "nope_drops_rope_dim")
 def sb_latent_only(kinds, T, H, D, K, r, dr, B, nb):
     per = {"kda": H * D * D + 3 * H * D * (K - 1), "mla": T * r}  # "NoPE: no rope channels"
     return B * nb * sum(per[k] for k in kinds)
 
 
+@wrong("kimi_linear.state_bytes", "no_conv_state")
 def sb_matrices_only(kinds, T, H, D, K, r, dr, B, nb):
     return B * nb * sum(H * D * D if k == "kda" else T * (r + dr) for k in kinds)
 
 
+@wrong("kimi_linear.state_bytes", "conv_k_taps")
 def sb_conv_full_window(kinds, T, H, D, K, r, dr, B, nb):
     per = {"kda": H * D * D + 3 * H * D * K, "mla": T * (r + dr)}
     return B * nb * sum(per[k] for k in kinds)
 
 
+@wrong("kimi_linear.state_bytes", "kda_grows")
 def sb_kda_per_token(kinds, T, H, D, K, r, dr, B, nb):
     per = {"kda": T * (H * D * D + 3 * H * D * (K - 1)), "mla": T * (r + dr)}
     return B * nb * sum(per[k] for k in kinds)
 
 
+@wrong("kimi_linear.state_bytes", "all_layers_cache")
 def sb_every_layer_caches(kinds, T, H, D, K, r, dr, B, nb):
     return B * nb * len(kinds) * T * (r + dr)
 
 
+@wrong("kimi_linear.state_bytes", "no_batch")
 def sb_one_sequence(kinds, T, H, D, K, r, dr, B, nb):
     per = {"kda": H * D * D + 3 * H * D * (K - 1), "mla": T * (r + dr)}
     return nb * sum(per[k] for k in kinds)
 
 
+@right("kimi_linear.state_bytes")
 def sb_ok_lib(kinds, T, H, D, K, r, dr, B, nb):
     kda = KDAConfig(n_head=H, head_dim=D, conv_size=K)
     mla = MLAConfig(n_head=1, kv_lora_rank=r, qk_rope_head_dim=dr, use_rope=False)
     return nb * sum(kda.state_numel(B) if k == "kda" else mla.state_numel(B, T) for k in kinds)
 
 
+@right("kimi_linear.state_bytes")
 def sb_ok_counted(kinds, T, H, D, K, r, dr, B, nb):
     n_kda, n_mla = kinds.count("kda"), kinds.count("mla")
     state = H * D * D  # S per head
@@ -107,27 +122,6 @@ def sb_ok_counted(kinds, T, H, D, K, r, dr, B, nb):
 
 
 # -- the lists --------------------------------------------------------------------------------------
-
-REALISTIC = [
-    ("kimi_linear.layer_kinds", lk_zero_based, "zero_based"),
-    ("kimi_linear.layer_kinds", lk_zero_based_loop, "zero_based"),
-    ("kimi_linear.layer_kinds", lk_every_fourth, "every_fourth"),
-    ("kimi_linear.layer_kinds", lk_kda_list_as_mla, "swapped"),
-    ("kimi_linear.layer_kinds", lk_converted_twice, "converted_twice"),
-    ("kimi_linear.state_bytes", sb_latent_only, "nope_drops_rope_dim"),
-    ("kimi_linear.state_bytes", sb_matrices_only, "no_conv_state"),
-    ("kimi_linear.state_bytes", sb_conv_full_window, "conv_k_taps"),
-    ("kimi_linear.state_bytes", sb_kda_per_token, "kda_grows"),
-    ("kimi_linear.state_bytes", sb_every_layer_caches, "all_layers_cache"),
-    ("kimi_linear.state_bytes", sb_one_sequence, "no_batch"),
-]
-
-CORRECT = [
-    ("kimi_linear.layer_kinds", lk_ok_loop),
-    ("kimi_linear.layer_kinds", lk_ok_from_kda_list),
-    ("kimi_linear.state_bytes", sb_ok_lib),
-    ("kimi_linear.state_bytes", sb_ok_counted),
-]
 
 
 def test_the_layer_reference_is_the_presets_and_the_hub_reader():

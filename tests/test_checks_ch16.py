@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from helpers import run
+from helpers import right, run
 from tinyk3 import checks, optim
 from tinyk3.layers import MultiHeadLatentAttention
 
@@ -55,6 +55,7 @@ def _bugged_ns(bug):
     return fn
 
 
+@right("muon.newton_schulz")
 def ns_ok_right(G, steps, a, b, c):
     """Never transposes, and multiplies on the right with the other Gram matrix:
     p(X Xᵀ) X = X p(Xᵀ X), the same matrix."""
@@ -65,10 +66,12 @@ def ns_ok_right(G, steps, a, b, c):
     return X
 
 
+@right("muon.newton_schulz")
 def ns_ok_lib(G, steps, a, b, c):
     return optim.newton_schulz(G, steps, (a, b, c))
 
 
+@right("muon.newton_schulz")
 def ns_ok_polynomial(G, steps, a, b, c):
     """Through the SVD: each singular value of G / ‖G‖_F through the scalar polynomial."""
     U, S, Vh = torch.linalg.svd(G.double(), full_matrices=False)
@@ -111,6 +114,7 @@ def _bugged_scales(bug):
     return fn
 
 
+@right("qk_clip.mla_scales")
 def sc_ok_lib(max_logits, tau, alpha, dn, dr, dv):
     """Read the scales off tinyk3.optim.qk_clip_ applied to an MLA layer whose weights are 1."""
     H = max_logits.shape[0]
@@ -125,6 +129,7 @@ def sc_ok_lib(max_logits, tau, alpha, dn, dr, dv):
             layer.kv_b_proj.weight[:, 0].detach().clone())
 
 
+@right("qk_clip.mla_scales")
 def sc_ok_broadcast(max_logits, tau, alpha, dn, dr, dv):
     eta = (tau / max_logits).clamp(max=1.0)
     eta = torch.where(max_logits > 0, eta, torch.ones_like(eta))  # a negative S_max: no clip
@@ -135,7 +140,7 @@ def sc_ok_broadcast(max_logits, tau, alpha, dn, dr, dv):
 
 # -- the lists --------------------------------------------------------------------------------------
 
-REALISTIC = [
+REALISTIC = [  # answers made by a factory: (exercise, answer, mistake)
     ("muon.newton_schulz", _bugged_ns("no_norm"), "no_normalisation"),
     ("muon.newton_schulz", _bugged_ns("spectral"), "spectral_norm"),
     ("muon.newton_schulz", _bugged_ns("no_eps"), "no_eps"),
@@ -152,15 +157,10 @@ REALISTIC = [
     ("qk_clip.mla_scales", _bugged_scales("sqrt_all"), "mha_rule"),
 ]
 
-CORRECT = [
-    ("muon.newton_schulz", _bugged_ns(None)),
-    ("muon.newton_schulz", ns_ok_right),
-    ("muon.newton_schulz", ns_ok_lib),
-    ("muon.newton_schulz", ns_ok_polynomial),
-    ("qk_clip.mla_scales", _bugged_scales(None)),
-    ("qk_clip.mla_scales", sc_ok_lib),
-    ("qk_clip.mla_scales", sc_ok_broadcast),
-]
+CORRECT = {  # answers made by a factory
+    "muon.newton_schulz": (_bugged_ns(None),),
+    "qk_clip.mla_scales": (_bugged_scales(None),),
+}
 
 
 def test_a_float32_answer_fails_only_the_float64_cases():

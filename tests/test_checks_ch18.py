@@ -14,13 +14,14 @@ import math
 import numpy as np
 import torch
 
-from helpers import run
+from helpers import right, run, wrong
 from tinyk3 import checks, compare
 from tinyk3.models import LM
 
 # -- compare.pareto_front -------------------------------------------------------------------------
 
 
+@wrong("compare.pareto_front", "strict_everywhere")
 def pf_any_better(names, costs):
     """Removes a row only when another row is strictly better on every cost."""
     keep = []
@@ -30,6 +31,7 @@ def pf_any_better(names, costs):
     return keep
 
 
+@wrong("compare.pareto_front", "ties_dominate")
 def pf_le_everywhere(names, costs):
     out = []
     for i, c in enumerate(costs):
@@ -39,6 +41,7 @@ def pf_le_everywhere(names, costs):
     return out
 
 
+@wrong("compare.pareto_front", "higher_is_better")
 def pf_maximise(names, costs):
     arr = np.array(costs, dtype=float)
     keep = []
@@ -49,12 +52,14 @@ def pf_maximise(names, costs):
     return keep
 
 
+@wrong("compare.pareto_front", "best_per_cost")
 def pf_column_winners(names, costs):
     arr = np.array(costs, dtype=float)
     winners = set(arr.argmin(0).tolist())
     return [n for i, n in enumerate(names) if i in winners]
 
 
+@right("compare.pareto_front")
 def pf_ok_numpy(names, costs):
     arr = np.array(costs, dtype=float)
     keep = []
@@ -65,6 +70,7 @@ def pf_ok_numpy(names, costs):
     return keep
 
 
+@right("compare.pareto_front")
 def pf_ok_sorted(names, costs):
     """Sort by the costs, then test each row only against the rows before it and the ties."""
     order = sorted(range(len(costs)), key=lambda i: tuple(costs[i]))
@@ -79,12 +85,14 @@ def pf_ok_sorted(names, costs):
 # -- compare.tokens_in_budget ---------------------------------------------------------------------
 
 
+@wrong("compare.tokens_in_budget", "ignores_fixed")
 def tb_no_fixed(budget, fixed, per, limit):
     if per == 0:
         return limit
     return min(limit, budget // per)
 
 
+@wrong("compare.tokens_in_budget", "rounds_up")
 def tb_ceil(budget, fixed, per, limit):
     if fixed > budget:
         return 0
@@ -93,12 +101,14 @@ def tb_ceil(budget, fixed, per, limit):
     return min(limit, math.ceil((budget - fixed) / per))
 
 
+@wrong("compare.tokens_in_budget", "negative")
 def tb_negative(budget, fixed, per, limit):
     if per == 0:
         return limit if fixed <= budget else 0
     return min(limit, (budget - fixed) // per)
 
 
+@wrong("compare.tokens_in_budget", "no_limit")
 def tb_unbounded(budget, fixed, per, limit):
     if fixed > budget:
         return 0
@@ -109,6 +119,7 @@ def tb_divides_by_zero(budget, fixed, per, limit):
     return max(0, min(limit, (budget - fixed) // per))
 
 
+@right("compare.tokens_in_budget")
 def tb_ok_search(budget, fixed, per, limit):
     if fixed > budget:
         return 0
@@ -121,29 +132,11 @@ def tb_ok_search(budget, fixed, per, limit):
     return lo
 
 
+@right("compare.tokens_in_budget")
 def tb_ok_float(budget, fixed, per, limit):
     if budget < fixed:
         return 0
     return limit if not per else int(min(limit, math.floor((budget - fixed) / per)))
-
-
-REALISTIC = [
-    ("compare.pareto_front", pf_any_better, "strict_everywhere"),
-    ("compare.pareto_front", pf_le_everywhere, "ties_dominate"),
-    ("compare.pareto_front", pf_maximise, "higher_is_better"),
-    ("compare.pareto_front", pf_column_winners, "best_per_cost"),
-    ("compare.tokens_in_budget", tb_no_fixed, "ignores_fixed"),
-    ("compare.tokens_in_budget", tb_ceil, "rounds_up"),
-    ("compare.tokens_in_budget", tb_negative, "negative"),
-    ("compare.tokens_in_budget", tb_unbounded, "no_limit"),
-]
-
-CORRECT = [
-    ("compare.pareto_front", pf_ok_numpy),
-    ("compare.pareto_front", pf_ok_sorted),
-    ("compare.tokens_in_budget", tb_ok_search),
-    ("compare.tokens_in_budget", tb_ok_float),
-]
 
 
 def test_division_by_zero_and_nan_are_reported_not_raised():

@@ -1,8 +1,9 @@
 """The learner answers of every chapter, in one harness. Each ``tests/test_checks_chNN.py``
-(and ``tests/test_checks.py`` for chapters 1 and 2) lists ``REALISTIC`` wrong answers
-``(exercise_id, fn, mistake name or None)``, written the way a learner gets the exercise wrong
-(independently of the registered Mistake functions), and ``CORRECT`` answers written
-differently from the reference. Here, for every chapter:
+(and ``tests/test_checks.py`` for chapters 1 and 2) labels answers where it writes them:
+``@wrong(exercise_id, mistake)`` on one written the way a learner gets the exercise wrong
+(independently of the registered Mistake functions), ``@right(exercise_id)`` on one written
+differently from the reference (answers made by a factory are listed in ``REALISTIC`` and
+``CORRECT``, see ``helpers``). Here, for every chapter:
 
 * each wrong answer fails, is matched to the mistake it names (or to none: the exercise's
   general hint), and the printed report shows that hint and the first failing case;
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_caught, assert_passes
+from helpers import assert_caught, assert_passes, labelled
 from tinyk3 import checks
 
 SOURCES = ["test_checks"] + sorted(p.stem for p in Path(__file__).parent.glob("test_checks_ch*.py"))
@@ -32,8 +33,12 @@ def _chapter(exercise_id: str) -> int:
     return checks.EXERCISES[exercise_id].chapter
 
 
-WRONG = [(_chapter(e), e, fn, m) for mod in ANSWERS for e, fn, m in mod.REALISTIC]
-RIGHT = [(_chapter(e), e, fn) for mod in ANSWERS for e, fn in mod.CORRECT]
+WRONG = [(_chapter(e), e, fn, m) for mod in ANSWERS
+         for (e, m), fn in labelled(mod, "wrong_for")
+         + [((e, m), fn) for e, fn, m in getattr(mod, "REALISTIC", [])]]
+RIGHT = [(_chapter(e), e, fn) for mod in ANSWERS
+         for e, fn in labelled(mod, "right_for")
+         + [(e, fn) for e, fns in getattr(mod, "CORRECT", {}).items() for fn in fns]]
 # Wrong answers tested elsewhere, by name: {exercise_id: {mistake names}} (Triton kernels, say)
 ELSEWHERE = {e: set(ms) for mod in ANSWERS for e, ms in getattr(mod, "NAMED_ELSEWHERE", {}).items()}
 CHAPTERS = sorted({e.chapter for e in checks.EXERCISES.values()})
