@@ -18,6 +18,6 @@ One module per mechanism, each with a slow reference form and its efficient form
 * :mod:`tinyk3.checks` - the autograder for the exercises; :mod:`tinyk3.util` - ``max_diff``
 """
 
-__version__ = "1.1.0"  # the release; CHANGELOG.md says what each one holds
+__version__ = "1.2.0"  # the release; CHANGELOG.md says what each one holds
 
 from .notebook import setup  # noqa: E402,F401
