@@ -123,3 +123,27 @@ def test_gated_rules_share_one_run(tmp_path):
 def test_unknown_rule_is_refused():
     with pytest.raises(ValueError, match="rule must be one of"):
         bench.bench_delta_rule((32,), rule="mamba")
+
+
+def test_git_commit_is_dirty_for_code_but_not_for_stored_notebook_outputs(tmp_path):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "notebooks" / "src").mkdir(parents=True)
+    files = {"notebooks/01.ipynb": "{}", "notebooks/src/01.py": "x = 1", "lib.py": "y = 2"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    assert bench.git_commit(tmp_path)[1] is False
+    (tmp_path / "notebooks/01.ipynb").write_text('{"outputs": 1}')  # a run stores its outputs
+    assert bench.git_commit(tmp_path)[1] is False
+    for name in ("notebooks/src/01.py", "lib.py"):  # code is what makes a record dirty
+        (tmp_path / name).write_text("changed")
+        assert bench.git_commit(tmp_path)[1] is True
+        git("checkout", "-q", "--", name)
+    (tmp_path / "untracked.py").write_text("z = 3")  # untracked files do not count, as before
+    assert bench.git_commit(tmp_path)[1] is False

@@ -39,6 +39,7 @@ import csv
 import json
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 
@@ -54,7 +55,9 @@ __all__ = ["environment", "git_commit", "stamp", "time_fn", "Timing", "matmul_fl
 def git_commit(cwd: Path | None = None) -> tuple[str, bool | None]:
     """``(short commit, dirty)`` of the checkout the library runs from; ``("unknown", None)``
     outside git. ``dirty`` is True when tracked files differ from that commit, so a record made
-    with uncommitted changes says so."""
+    with uncommitted changes says so. The stored notebooks (``notebooks/*.ipynb``) do not count:
+    they hold the outputs a full run writes one chapter after another, and their code is
+    ``notebooks/src/*.py``, which does (the tests hold the two in step)."""
     cwd = cwd or Path(__file__).parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -65,7 +68,11 @@ def git_commit(cwd: Path | None = None) -> tuple[str, bool | None]:
         return "unknown", None
     if not commit or status.returncode != 0:
         return "unknown", None
-    return commit, bool(status.stdout.strip())
+    changed = [line[3:].split(" -> ")[-1].strip('"') for line in status.stdout.splitlines()]
+    return commit, any(not _STORED_NOTEBOOK.fullmatch(path) for path in changed if path)
+
+
+_STORED_NOTEBOOK = re.compile(r"notebooks/[^/]+\.ipynb")
 
 
 def environment() -> dict:
