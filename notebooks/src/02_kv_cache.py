@@ -285,8 +285,9 @@ print(f"tinyk3 bottom-right mask:    max error {max_diff(bottom_right, reference
 # Generate tokens greedily from a 16-token prompt with a 4-layer, width-256 GPT and time
 # every step. Without the cache, step $t$ is a forward pass over $16 + t$ tokens, so its time
 # grows with $t$ and the total quadratically. With it, each step is one token through the
-# model plus an attention row that grows with $t$, a small part of the step at this size.
-# About 20 seconds (the cell prints both totals), nearly all of it without the cache.
+# model plus an attention row that grows with $t$, so its time grows far more slowly (the fit
+# after the figure measures both). About 20 seconds (the cell prints both totals), nearly all
+# of it without the cache.
 #
 # What is measured is each step's latency as the context grows, so `timed_decode` reads the
 # clock around every step of one run; `tinyk3.timing.time_fn`, the book's timer elsewhere,
@@ -317,7 +318,7 @@ print(f"{DECODE_TOKENS} tokens: {without_cache.sum():.2f} s without the cache, "
       f"{with_cache.sum():.2f} s with it ({speedup:.1f}x faster)")
 print(stamp())
 
-# %% mystnb={"figure": {"caption": "Greedy decoding time with and without the KV cache. Without it each step re-reads the whole prefix, so the step time grows linearly and the total quadratically; with it the step time stays nearly flat and the total grows almost linearly. The cell above prints the totals.", "name": "fig-kv-decode-time"}, "image": {"alt": "Two line plots against the number of generated tokens. Left: time per step in milliseconds, rising steadily without the cache and flat near the bottom with it. Right: cumulative time in seconds, a curve bending upwards without the cache and a shallow straight line with it"}}
+# %% mystnb={"figure": {"caption": "Greedy decoding time with and without the KV cache. Without it each step re-reads the whole prefix, so the step time grows linearly and the total quadratically; with it the step time stays low and grows far more slowly, and the total grows almost linearly. The cell above prints the totals.", "name": "fig-kv-decode-time"}, "image": {"alt": "Two line plots against the number of generated tokens. Left: time per step in milliseconds, rising steadily without the cache and flat near the bottom with it. Right: cumulative time in seconds, a curve bending upwards without the cache and a shallow straight line with it"}}
 steps = torch.arange(1, DECODE_TOKENS + 1)
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.8, 3.2))
 ax1.plot(steps, without_cache * 1e3, label="without cache")

@@ -673,13 +673,13 @@ plt.show()
 
 # %% [markdown]
 # Both forms trace a U. On the right the diagonal blocks dominate: from $C = 512$ on, each
-# doubling of $C$ about doubles the flops, and the time grows with them, by as much or more over
-# the last doublings, at a rate that stays a sizeable fraction
-# of the matrix-product rate (lower panel; the dashed line in the upper panel is the time the
-# flops alone would take at that rate). On the left the flops barely change (the state work
-# $4TD^2$ is the same at every $C$), yet the time grows as $C$ shrinks and the rate collapses: the
-# cost there is per chunk, not per flop. The bottom of the U (the lines under the table give the
-# fastest $C$) is at or near the sizes GPU kernels use too: 64 or 128, the size of a tensor-core tile.
+# doubling of $C$ about doubles the flops, and the time grows with them, at a rate that stays a
+# sizeable fraction of the matrix-product rate (lower panel; the dashed line in the upper panel
+# is the time the flops alone would take at that rate). On the left the flops barely change (the
+# state work $4TD^2$ is the same at every $C$), yet the time at $C = 1$ is many times the time at
+# the bottom of the U and the rate collapses: the cost there is per chunk, not per flop. The
+# bottom of the U (the lines under the table give the fastest $C$) is at or near the sizes GPU
+# kernels use too: 64 or 128, the size of a tensor-core tile.
 #
 # **A cost model with a per-chunk term.** If each chunk costs a fixed amount $b$ besides its
 # flops, then
@@ -726,14 +726,14 @@ plt.show()
 
 # %% [markdown]
 # Two numbers per form reproduce the U: its shape, about where its bottom is, and most points to
-# within a few tens of percent (the ratio table). The misses are at the ends, where the flop rate
-# is not one number: it depends on the shapes of the products and on what fits in the caches
-# (the $C \times C$ score blocks of the largest chunks do not). The per-chunk cost $b$ is what the
-# flop count leaves out:
+# within a few tens of percent (the ratio table). Among the largest misses are the chunk loop's
+# at the largest chunks, where the flop rate is not one number: it depends on the shapes of the
+# products and on what fits in the caches (the $C \times C$ score blocks of the largest chunks do
+# not). The per-chunk cost $b$ is what the flop count leaves out:
 #
 # - **The chunk loop** pays the interpreter and PyTorch's dispatch for the half-dozen operations
 #   of each iteration, whatever their size. The recurrence pays the same per token, which is why
-#   the loop at $C = 1$ and `la.recurrent` land near each other.
+#   the loop at $C = 1$ and `la.recurrent` land within a small factor of each other.
 # - **The lib's form** pays one small iteration per chunk in its scan, and it writes all $N$ chunk
 #   states, $N D^2$ numbers per head, then reads them back: at $C = 1$ that is a trip to memory
 #   for every token's state, which the loop, holding one state in cache, never makes.
@@ -779,15 +779,15 @@ for C in (1, 16, 64) if not SMOKE else (1, 16):
 # state between consecutive steps: nearly every step is a cache miss (and, since a state spans
 # more than a page, a TLB miss). The same sum with the chunk axis innermost is several times
 # faster (second column), and the loop of $N$ in-place additions, each a contiguous
-# $B \times H \times D \times D$ slab, is faster still (third column; by far at $C = 1$). The lib
-# now runs that loop (`chunks.exclusive_scan_`, shown above); at $C = 1$ the whole call then moves
-# its states at the rate in the last column, within a small factor of the memory bandwidth chapter
-# 3 measured, so what remains of its cost there is of the order of that traffic, which the loop
+# $B \times H \times D \times D$ slab, is faster still at $C = 1$, by far (third column; at the
+# larger $C$ both take a few milliseconds or less). The lib now runs that loop
+# (`chunks.exclusive_scan_`, shown above); at $C = 1$ the whole call then moves its states at
+# the rate in the last column, within a small factor of the memory bandwidth chapter 3
+# measured, so what remains of its cost there is of the order of that traffic, which the loop
 # avoids while paying the interpreter per chunk instead (by $C = 64$ the flops take over and
-# that rate falls). On a
-# GPU the trade-off differs: a Python loop launches a few small kernels per chunk, each leaving
-# most of the chip idle, while fused kernels (chapter 9) keep the running state on chip and walk
-# the chunks in order inside one kernel.
+# that rate falls). On a GPU the trade-off differs: a Python loop launches a few small kernels
+# per chunk, each leaving most of the chip idle, while fused kernels (chapter 9) keep the running
+# state on chip and walk the chunks in order inside one kernel.
 #
 # The general lesson holds on both: the chunked form trades per-chunk costs (fixed overheads, and
 # a $D_k \times D_v$ state to move per chunk and head) against the diagonal blocks' flops, which

@@ -321,10 +321,13 @@ tinyk3.notebook.show_source(delta_rule.chunked)
 tinyk3.notebook.show_source(delta_rule.wy_stage)
 
 # %% [markdown]
-# `torch.linalg.solve_triangular(A, ·, upper=False, unitriangular=True)` reads only the part of `A`
-# strictly below the diagonal, and takes the diagonal to be ones. So the lib passes the unmasked
-# $\operatorname{diag}(\beta) K K^\top$ and never builds $I + \operatorname{tril}(\cdot, -1)$, one pass
-# over a $C \times C$ matrix per chunk saved; and the right-hand side $\operatorname{diag}(\beta)$ gives
+# `wy_stage` hands the unmasked $K K^\top$ and $\beta$ to the lib's `delta_rule.ut_transform` (not
+# chapter 7's `wy.ut_transform`, which takes the keys), which scales its rows by $\beta$ and calls
+# `torch.linalg.solve_triangular(A, ·, upper=False, unitriangular=True)`. That call reads only the
+# part of `A` strictly below the diagonal, and takes the diagonal to be ones. So the solve is given
+# the unmasked $\operatorname{diag}(\beta) K K^\top$ and the lib never builds
+# $I + \operatorname{tril}(\cdot, -1)$, one pass over a $C \times C$ matrix per chunk saved; and the
+# right-hand side $\operatorname{diag}(\beta)$ gives
 # $A^{-1}\operatorname{diag}(\beta)$ without a multiplication afterwards. Against chapter 7's
 # `wy.ut_transform` and `wy.wy_factors`, which build the masked matrix:
 
@@ -347,6 +350,10 @@ print(f"max |T from the unmasked matrix - wy.ut_transform| = {d_T:.1e}; "
 # $$
 # U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}, \qquad S_{[c+1]} = S_{[c]} + K_{[c]}^\top U'_{[c]} \qquad (c = 0, 1, \dots, N - 1).
 # $$
+#
+# Its `decay` argument serves the gated rules of chapters 10 and 11, which scale $S_{[c]}$ before
+# adding $K_{[c]}^\top U'_{[c]}$; `chunked` passes none, so `kept` is $S_{[c]}$ itself and the pass
+# is the two equations above.
 
 # %%
 tinyk3.notebook.show_source(delta_rule.state_pass)
@@ -436,7 +443,7 @@ for name, (o32, S32) in runs.items():
           f"first / last sixteenth {errors[name][0]:.1e} / {errors[name][-1]:.1e}")
 print(f"({time.perf_counter() - t0:.0f} s)")
 
-# %% mystnb={"figure": {"caption": "Largest float32 output error in each sixteenth of the sequence, for the token loop and the chunked form at three chunk sizes, against the float64 token loop: all stay near $10^{-6}$, well below the stated bound of $10^{-5}$, and hardly grow along the sequence.", "name": "fig-chunkwise-float32-error"}, "image": {"alt": "Line plot with a logarithmic vertical axis of the largest output error per window against the position in the sequence, for the float32 token loop and the chunked form at C = 16, 64 and 128: all four lines lie between about 9e-7 and 2e-6 and wander without an upward trend from start to end, well below a dashed horizontal line at the bound 1e-5."}}
+# %% mystnb={"figure": {"caption": "Largest float32 output error in each sixteenth of the sequence, for the token loop and the chunked form at three chunk sizes, against the float64 token loop: all stay near $10^{-6}$, well below the stated bound of $10^{-5}$, and hardly grow along the sequence.", "name": "fig-chunkwise-float32-error"}, "image": {"alt": "Line plot with a logarithmic vertical axis of the largest output error per window against the position in the sequence, for the float32 token loop and the chunked form at C = 16, 64 and 128: all four lines lie between about 1e-6 and 2e-6 and wander without an upward trend from start to end, well below a dashed horizontal line at the bound 1e-5."}}
 fig, ax = plt.subplots(figsize=(6.8, 4.0))
 for name, err in errors.items():
     marker = "o-" if "loop" in name else ".-"
@@ -647,7 +654,7 @@ print(f"fastest median at C = {best_C}, {speed_up:.0f}x faster than the token lo
       f"T = {T_TIME}; within the spread of it: "
       + (", ".join(f"C = {c}" for c in tied) or "no other C"))
 
-# %% mystnb={"figure": {"caption": "Top: forward-pass time of the token loop, the one-block parallel form and the chunked form at $C = 64$ against the sequence length $T$. Middle and bottom: the chunked form's time against the chunk size $C$, with the time its flops would take at the matrix-product rate and the token loop's time, and the fraction of the matrix-product rate it reaches.", "name": "fig-chunkwise-time-vs-t-and-c"}, "image": {"alt": "Three stacked line plots. Top: log-log time against sequence length from 256 to 4096; the token loop and the chunked form grow about linearly, the chunked form about an order of magnitude faster, and the parallel form grows faster than linearly and is the slowest of the three at 2048, the longest length it was timed at. Middle: time of the chunked form against chunk size from 8 to 256, a U, lowest at the small and middle chunk sizes and rising steeply towards 256, above a rising dashed line for its flops at the matmul rate and below a dotted line for the token loop. Bottom: fraction of the matmul rate against chunk size, lowest at the smallest chunks and highest at 128 or 256, below one half everywhere."}}
+# %% mystnb={"figure": {"caption": "Top: forward-pass time of the token loop, the one-block parallel form and the chunked form at $C = 64$ against the sequence length $T$. Middle and bottom: the chunked form's time against the chunk size $C$, with the time its flops would take at the matrix-product rate and the token loop's time, and the fraction of the matrix-product rate it reaches.", "name": "fig-chunkwise-time-vs-t-and-c"}, "image": {"alt": "Three stacked line plots. Top: log-log time against sequence length from 256 to 4096; the token loop and the chunked form grow about linearly, the chunked form about an order of magnitude faster, and the parallel form grows faster than linearly and, at 2048, the longest length it was timed at, takes about as long as the token loop. Middle: time of the chunked form against chunk size from 8 to 256, a U, lowest at the small and middle chunk sizes and rising steeply towards 256, above a rising dashed line for its flops at the matmul rate and below a dotted line for the token loop. Bottom: fraction of the matmul rate against chunk size, lowest at the smallest chunks, rising with the chunk size and levelling off at the largest, below one half everywhere."}}
 fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(6.7, 7.4), layout="constrained")
 for name, marker in (("recurrent", "s-"), ("parallel", "v-"), ("chunked C = 64", "o-")):
     pts = sorted(by_T[name].items())
@@ -674,7 +681,7 @@ plt.show()
 #   chunked form is about an order of magnitude faster (the speed-up column): $T/C$ sequential
 #   steps instead of $T$, each made of matrix products. The parallel form grows faster than
 #   linearly, its $T \times T$ scores and triangular system costing $O(T^2 D)$; at the longest
-#   length it was timed at, $T = 2048$, it is slower than the token loop itself.
+#   length it was timed at, $T = 2048$, it takes about as long as the token loop itself.
 # - **Against $C$** (middle), the chunked form traces chapter 6's U: slowest at the largest chunks,
 #   where the $10TCD + TC^2/3$ of the diagonal blocks and the triangular solves dominates, and
 #   slower again towards the smallest, where the per-chunk costs do (the state pass has $T/C$

@@ -596,18 +596,20 @@ with torch.no_grad():
 # %% [markdown]
 # ## Decoding: the two caches
 #
-# For a prompt, the layer runs the chunked operator over all its tokens. To generate, it then
-# takes one token at a time and must give the outputs the whole sequence would have given. It
-# keeps, per layer, a state of fixed size, `KDAState(S, conv)`:
+# For a prompt, the layer runs the chunked operator over all its tokens (its default `form`, on
+# which `run_rule` in the `forward` above dispatches). To generate, it then takes one token at a
+# time and must give the outputs the whole sequence would have given. It keeps, per layer, a
+# state of fixed size, `KDAState(S, conv)`:
 #
 # - $S$, `[B, H_v, D_k, D_v]`, the operator's state after the last token (float32, as the
 #   fused kernels keep it);
 # - `conv`, the last $K_{\text{conv}} - 1 = 3$ projected tokens of $q$, $k$ and $v$, the inputs
 #   the next convolution window needs.
 #
-# A single token goes through one step of `kda.recurrent` from $S$, and through the convolution
-# from its state. **Token by token from the start**, against the full forward (chunked, one call),
-# in float32, for Kimi Linear's form and for K3's with grouped value heads:
+# A single token goes through one step of `kda.recurrent` from $S$, whatever the `form`, and
+# through the convolution from its state. **Token by token from the start**, against the full
+# forward (chunked, one call), in float32, for Kimi Linear's form and for K3's with grouped value
+# heads:
 
 # %%
 def decode_layers():

@@ -201,8 +201,8 @@ assert all(g.per_token == 4 * expected_per_token(compare.tiny_config(n, vocab_si
 # random tokens; MLA decodes through the absorbed path, chapter 13), timed with
 # `tinyk3.timing.time_fn`: the median of the runs, with the quartiles. `compare.decode_times`
 # times the two contexts in turn, six rounds of at least 0.05 s each, so that a change in the
-# machine's speed during the measurement falls on both alike (a step takes a millisecond or
-# two).
+# machine's speed during the measurement falls on both alike (a step takes a few milliseconds
+# at most).
 
 # %%
 decode = {}
@@ -234,10 +234,10 @@ print(stamp())
 # same work at any length. Where the cache grows, the step reads all of it: a softmax layer
 # reads 128 numbers per cached token, an MLA layer only its 32-number latent, and at this
 # width a megabyte of latents is little beside the fixed cost of a step, so MLA's growth may
-# not show. The absolute times say little: at width 64 a decode step is mostly Python and
-# small-tensor overhead, which is why the recurrent rows, with more small operations per
-# token, need not be faster even at the long context. Chapter 12 measured where a real-sized
-# KDA step overtakes a KV cache.
+# or may not stand out of the noise. The absolute times say little: at width 64 a decode step
+# is mostly Python and small-tensor overhead, which is why the recurrent rows, with more small
+# operations per token, need not be faster even at the long context. Chapter 12 measured where
+# a real-sized KDA step overtakes a KV cache.
 #
 # ## Training: loss and recall
 #
