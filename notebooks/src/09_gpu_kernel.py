@@ -31,9 +31,10 @@
 # in fla's bfloat16-operand mode; compile them for NVIDIA GPUs without one and read the
 # compiler's report; and write the output stage yourself, in Triton.
 #
-# **Cost.** About a minute on one CPU core, most of it compiling for a GPU target and running the
-# interpreter (the last cell prints the time); `SMOKE = True` runs in seconds. Triton is optional
-# (Linux only): without it every Triton cell prints why it skipped.
+# **Cost.** Up to about a minute on one CPU core, most of it compiling for a GPU target (far less
+# once Triton's on-disk cache holds the kernels) and running the interpreter (the last cell prints
+# the time); `SMOKE = True` runs in seconds. Triton is optional (Linux only): without it every
+# Triton cell prints why it skipped.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install

@@ -40,7 +40,7 @@
 # Last, the Triton kernels of both gated rules: what the gate changes in chapter 9's kernel, line
 # by line, checked under the interpreter and compiled for an H100 without one.
 #
-# **Cost.** About a minute on one CPU core, most of it in training the gates of the experiment
+# **Cost.** Under a minute on one CPU core, most of it in training the gates of the experiment
 # and running the kernels under the Triton interpreter (the last cell prints the time);
 # `SMOKE = True` runs faster.
 

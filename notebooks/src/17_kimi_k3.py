@@ -45,7 +45,7 @@
 # by hand and measured on that trained model; and what K3 changed in training (Quantile
 # Balancing and Per-Head Muon are built in chapters 14 and 16).
 #
-# **Cost.** A few minutes on one CPU core, most of it in the training experiment (the last
+# **Cost.** Under two minutes on one CPU core, most of it in the training experiment (the last
 # cell prints the time); `SMOKE = True` runs in seconds.
 
 
