@@ -73,6 +73,7 @@ SMOKE = False  # True: tiny sizes, for CI and the impatient
 import difflib
 import inspect
 import math
+from functools import partial
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -177,10 +178,13 @@ print(f"error before forget: |k S_t - v_new| = {(k1 @ S_other - v_new).norm():.3
 # $\alpha$ of it was left, so the read gives $v_{\text{new}} - (1 - \alpha) v_{\text{old}}$: the old
 # value's share overshoots past zero. In matrix form its transition is $\alpha_t I - \beta_t
 # k_t^\top k_t$, whose eigenvalue along a unit $k_t$ is $\alpha_t - \beta_t$, negative whenever
-# $\beta_t > \alpha_t$; and it is
-# not a scalar multiple of $F_t$, so the scalar decays would not factor out of a chunk's product of
-# transitions, which is what the rest of this chapter relies on. The first exercise asks for the
-# step in the right order.
+# $\beta_t > \alpha_t$. That other order is not a dead end: its scalar-plus-rank-one transition
+# is Comba's (Hu et al. 2025, arXiv 2506.02475, which trains it with a chunkwise Triton kernel),
+# and the Kimi Linear report's table of update rules (its Table 7) lists it with a parallel form. Its
+# transition is not a scalar multiple of $F_t$, so the chunk form needs a different derivation
+# from the one below, where the scalar decays factor out of a chunk's product of transitions.
+# The choice between the orders is about what a write does, not about whether a chunk form
+# exists. The first exercise asks for the step in Gated DeltaNet's order.
 
 # %% [markdown]
 # ## The chunk form, derived
@@ -298,6 +302,10 @@ for name, Tg in (("diag(γ) 𝒯 diag(γ)⁻¹", T_rescaled),
     err = max_diff(Tg[torch.isfinite(Tg)], T_ref[torch.isfinite(Tg)])
     print(f"{name:>22s}: {bad:4d} of {Tg.numel()} entries not finite; "
           f"max error of the finite ones {err:.1e}")
+W_plain = gamma32[:, None] * (T32 @ K32)  # diag(γ) 𝒯 K: no division by γ
+W_ref = T_ref @ (G64.exp()[:, None] * K64)  # 𝒯_Γ diag(γ) K in float64
+print(f"W = diag(γ) 𝒯 K in float32: {(~torch.isfinite(W_plain)).sum().item()} entries not "
+      f"finite, max error {max_diff(W_plain, W_ref):.1e}")
 
 # %% [markdown]
 # The rescaled form is not finite wherever it divides by a $\gamma_j$ that underflowed to 0 (the
@@ -307,7 +315,12 @@ for name, Tg in (("diag(γ) 𝒯 diag(γ)⁻¹", T_rescaled),
 # round-off.
 # That is why `gated_delta_rule.decay_mask` forms $\Gamma$ elementwise, and why it writes $-\infty$
 # above the diagonal before the exponential: there $G_i - G_j > 0$, and its exponential would
-# overflow too (the second exercise is about exactly this). The rescaling is still worth knowing:
+# overflow too (the second exercise is about exactly this). Only the half of the identity with
+# $\operatorname{diag}(\gamma)^{-1}$ overflows: $W = \operatorname{diag}(\gamma)\, \mathcal{T} K$
+# involves only $\gamma \le 1$ and is finite (the last printed line); NVlabs' reference code
+# builds $W$ that way, with a second triangular solve. fla and the lib use $\mathcal{T}_\Gamma$
+# for both factors because it takes one solve, and $U$ needs the ratios anyway. The rescaling is
+# still worth knowing:
 # it shows that the gate changes the WY factors only by row and column scalings, and KDA's kernels
 # use the same kind of rescaling, but only over 16-token stretches where it stays in range
 # (chapter 11).
@@ -425,7 +438,16 @@ S0_small = torch.randn(1, 1, 3, 2, dtype=F64, requires_grad=True)
 ok_grad = torch.autograd.gradcheck(
     lambda q, k, v, b, g, S: gdr.chunked(q, k, v, b, g, chunk_size=4, initial_state=S),
     (*small, S0_small))
-print(f"gradcheck of gated_delta_rule.chunked (q, k, v, β, g, S_0): {ok_grad}")
+print(f"gradcheck of gated_delta_rule.chunked (q, k, v, β, g, S_0): "
+      f"{'passed' if ok_grad else 'FAILED'}")
+grads = {}  # the chunked form's gradients against the token loop's, same loss
+forms = {"chunked": partial(gdr.chunked, chunk_size=4), "loop": gdr.recurrent}
+for form, fn in forms.items():
+    o_, S_ = fn(*small, initial_state=S0_small)
+    grads[form] = torch.autograd.grad((o_ * o_).sum() + (S_ * S_).sum(),
+                                      (*small, S0_small))
+print("max |grad chunked - grad loop| for q, k, v, β, g, S_0: "
+      + ", ".join(f"{max_diff(a, b):.0e}" for a, b in zip(*grads.values())))
 
 # %% [markdown]
 # **float32, long sequences.** The chunked form and the token loop in float32 against the token
@@ -901,7 +923,8 @@ for name, build in builds.items():
 # - Gated DeltaNet decays the whole state by $\alpha_t = e^{g_t}$ before the delta rule writes:
 #   $S_t = \alpha_t (I - \beta_t k_t^\top k_t) S_{t-1} + \beta_t k_t^\top v_t$. Forget before error is
 #   the paper's order; it makes a full-strength write land exactly, and keeps the transition a
-#   scalar times chapter 5's, so the decays factor out of a chunk.
+#   scalar times chapter 5's, so the decays factor out of a chunk. The other order is Comba's,
+#   which has a chunk form of its own: the choice is about what a write does.
 # - The chunk form is chapter 8's with the decay mask $\Gamma_{ij} = \gamma_i / \gamma_j =
 #   e^{G_i - G_j}$: $\mathcal{T}_\Gamma$ from $KK^\top \odot \Gamma$, $W = \mathcal{T}_\Gamma
 #   \operatorname{diag}(\gamma) K$, $O_{[c]} = \operatorname{diag}(\gamma) Q S_{[c]} + (QK^\top \odot

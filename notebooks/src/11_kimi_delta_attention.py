@@ -79,6 +79,7 @@ SMOKE = False  # True: tiny sizes, for CI and the impatient
 
 # %%
 import math
+from functools import partial
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -271,8 +272,8 @@ for rule, inputs in (("DPLR", 6 * D_), ("KDA", 4 * D_ + 1)):
     print(f"{rule:>6s} {inputs:13d} {n_scores:11d} {len(prods):9d} "
           f"{flops[rule] / 1e9:8.4f}")
 kda_model = cost.chunked_delta_rule_flops(C_, D_, C_)  # chapter 8's count, one chunk
-print(f"KDA's count equals chapter 8's DeltaNet count: "
-      f"{math.isclose(flops['KDA'], kda_model)}; "
+print(f"KDA's count {flops['KDA']:,.0f}, chapter 8's DeltaNet count {kda_model:,.0f}: "
+      f"|difference| {abs(flops['KDA'] - kda_model):.0f}; "
       f"DPLR / KDA flops: {flops['DPLR'] / flops['KDA']:.2f}x")
 d_model, heads = 2304, 32  # Kimi Linear 48B's KDA layers
 extra = 2 * d_model * D_ * heads
@@ -511,13 +512,16 @@ print(f"sub-chunks, float32: finite {bool(torch.isfinite(A_sub).all())}, "
 # (its released config) uses $g = -5\,\sigma\big(e^{A_{\log}}(x + \Delta_{\text{bias}})\big)$
 # (`tinyk3.gates.lower_bound_gate`): inside $(-5, 0)$ whatever $x$ is; fla's KDA kernel takes that
 # bound as the licence for its tensor-core path (`safe_gate`, which "requires `lower_bound`").
-# Both at fla's initialisation ($A$ uniform in $(1, 16)$, $\Delta t$ log-uniform in $[10^{-3},
-# 10^{-1}]$), for pre-activations from small to large:
+# Each at its initialisation in fla and in this course's `KimiDeltaAttention`: $\Delta t$
+# log-uniform in $[10^{-3}, 10^{-1}]$ for both, $A$ uniform in $(1, 16)$ for the softplus gate,
+# $A_{\log} = 0$ ($A = 1$) for the lower-bound gate (fla's `safe_gate` layer starts there); for
+# pre-activations from small to large:
 
 # %%
 gen = torch.Generator().manual_seed(11)
 H_g, Dk_g = 32, 128
-A_log = gates.init_A_log(H_g, low=1.0, high=16.0, generator=gen)
+A_logs = {"softplus": gates.init_A_log(H_g, low=1.0, high=16.0, generator=gen),
+          "lower bound": torch.zeros(H_g)}
 dt_bias = gates.init_dt_bias(H_g, Dk_g, generator=gen)
 print(f"{'x ~ N(0, σ²)':>13s} {'gate':>12s} {'min g':>9s} {'share g < -5':>13s} "
       f"{'worst exp(-Σg), 16 tokens':>26s}")
@@ -525,7 +529,7 @@ for sigma in (1.0, 4.0, 16.0):
     x = sigma * torch.randn(1, H_g, 256, Dk_g, generator=gen)
     for name, gate in (("softplus", gates.softplus_gate),
                        ("lower bound", gates.lower_bound_gate)):
-        gx = gate(x, A_log, dt_bias)
+        gx = gate(x, A_logs[name], dt_bias)
         worst = (-gx).reshape(1, H_g, 16, 16, Dk_g).sum(3).max()  # a 16-token sub-chunk
         share = (gx < -5).float().mean()
         print(f"{sigma:13.0f} {name:>12s} {gx.min():9.2f} {share:13.1%} "
@@ -736,6 +740,13 @@ ok = torch.autograd.gradcheck(
     ins, eps=1e-6, atol=1e-7)
 print(f"gradcheck, T = 7, C = 3, inputs q, k, v, β, g, S_0: "
       f"{'passed' if ok else 'FAILED'}")
+grads = {}  # the chunked form's gradients against the token loop's, same loss
+forms = {"chunked": partial(kda.chunked, chunk_size=3), "loop": kda.recurrent}
+for form, fn in forms.items():
+    o_, S_ = fn(*ins[:5], initial_state=ins[5])
+    grads[form] = torch.autograd.grad((o_ * o_).sum() + (S_ * S_).sum(), ins)
+print("max |grad chunked - grad loop| for q, k, v, β, g, S_0: "
+      + ", ".join(f"{max_diff(a, b):.0e}" for a, b in zip(*grads.values())))
 
 # %% [markdown]
 # ## Experiment: two time scales in one head
@@ -808,6 +819,12 @@ with torch.no_grad():
                                       beta1.expand(-1, 2, -1).contiguous(), g_two)
     g_kda[..., n_long:] = -0.03
     o1, S1 = kda.chunked(q, k, v, beta1, g_kda)
+    # control: the same facts, keys and queries rotated by a random orthogonal matrix (the
+    # same information, each lifetime spread over every channel), the same per-channel gates
+    R = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(7),
+                                    dtype=torch.float64)).Q
+    q_rot, k_rot = q @ R, k @ R
+    o_rot, S_rot = kda.chunked(q_rot, k_rot, v, beta1, g_kda)
 print(f"{B_EXP} sequences of {n_long} long-lived facts and {T_EXP} streamed ones "
       f"({time.perf_counter() - t0:.0f} s); mean squared recall error:")
 print(f"{'g':>8s} {'GDN long':>9s} {'GDN short':>10s} {'GDN mean':>9s}   "
@@ -826,6 +843,10 @@ print(f"short-fact error, best KDA / best GDN: "
       f"{results['KDA'][best['KDA']][1] / results['GDN'][best['GDN']][1]:.2f}")
 print(f"two GDN heads (g = 0 | g = -0.03 on the halves) vs KDA with the same gates: "
       f"max |o| diff {max_diff(o2.sum(1), o1[:, 0]):.1e}")
+for name, (o_, S_, q_, k_) in {"channel-aligned": (o1, S1, q, k),
+                               "rotated": (o_rot, S_rot, q_rot, k_rot)}.items():
+    e_l, e_s = recall_errors(o_, S_, q_, k_, v, src, at, n_long)
+    print(f"KDA, g = 0 | -0.03, keys {name:>15s}: long {e_l:.3f}, short {e_s:.3f}")
 
 # %% mystnb={"figure": {"caption": "Mean squared recall error on the two-time-scale task against the gate g: Gated DeltaNet (one gate for the whole head) and KDA (g on the short channels only, no decay on the long ones), for the long-lived facts recalled at the end and the streamed facts recalled 1 to 4 tokens later.", "name": "fig-kda-two-time-scales"}, "image": {"alt": "Line plot of recall error against the magnitude of the gate on a logarithmic axis, with g = 0 drawn at the left edge. Gated DeltaNet's long-fact error is 0 at g = 0 and rises to 1 by g = −0.01. The short-fact errors of both models coincide: they fall slightly from g = 0 to a minimum near g = −0.03 and rise steeply for stronger gates. KDA's long-fact error stays at 0 for every gate."}}
 fig, ax = plt.subplots(figsize=(6.8, 3.8))
@@ -859,11 +880,18 @@ plt.show()
 #   what each key reads, so forgetting only trims the residue older writes leave in overlapping
 #   directions; a gate strong enough to erase recent facts makes the short error worse again
 #   (the right side of the plot).
-# - **The control** is exact: here the two kinds of facts use disjoint key channels, so the state
-#   splits into two blocks, and two Gated DeltaNet heads of half the size, one gate each, compute
-#   the same outputs as KDA (the last line). A gate per channel is what many small heads would
-#   give, inside one head: the model need not decide in advance which keys go to which head, and
-#   a key can spread over channels with different lifetimes.
+# - **The first control** is exact: here the two kinds of facts use disjoint key channels, so the
+#   state splits into two blocks, and two Gated DeltaNet heads of half the size, one gate each,
+#   compute the same outputs as KDA (the "two GDN heads" line). On this task KDA is two small
+#   heads in one.
+# - **The second control** keeps the information and mixes the channels: every key and query
+#   rotated by one random orthogonal matrix. The same per-channel gates now forget a share of
+#   every fact, and the long facts are lost (the last two lines). A gate per channel helps only
+#   when the keys put each lifetime in channels of its own. In a layer the keys are $x W_k$, so
+#   the projection must learn that alignment, channel by channel, by gradient descent: the same
+#   decision that assigning facts to heads makes, learned rather than fixed by the architecture.
+#   Training $W_k$ together with the gates would be the full experiment; the next one trains the
+#   gates alone.
 #
 # **Trained gates.** Would gradient descent find the split? The same task with the gates
 # learned: one parameter per channel for KDA, one for the head for Gated DeltaNet,
@@ -1240,7 +1268,9 @@ ok = checks.run("kda.chunk_scores", chunk_scores_solution)
 # - On a task with two time scales, hand-set per-channel gates keep the long facts and give the
 #   short ones the decay they prefer, which no single gate per head can; the gain on the short
 #   facts is modest, and two Gated DeltaNet heads with split keys match KDA exactly here. With
-#   the gates learned, KDA found the split from both initialisations, while Gated DeltaNet's
+#   the same keys rotated (the channels mixed) the same gates lose the long facts: per-channel
+#   gates help when the key projection aligns lifetimes with channels, which a trained $W_k$
+#   must learn. With the gates learned, KDA found the split from both initialisations, while Gated DeltaNet's
 #   single gate ended in whichever of its two optima the initialisation pointed to.
 #
 # - The Triton kernels of both gated rules are chapter 9's three stages with the gate added where

@@ -30,7 +30,7 @@
 # RoPE cannot be put on the compressed keys, and what DeepSeek's interleaved RoPE and the
 # position-free (NoPE) MLA of Kimi Linear and K3 change; check the layer against `transformers`'
 # DeepSeek-V3 attention; and measure cache bytes at the sizes of real models, and the time of
-# absorbed against naive decoding.
+# absorbed decoding against a cache of expanded keys and values.
 #
 # **Cost.** Under half a minute on one CPU core, most of it importing `transformers` and
 # timing the decoding steps (the last cell prints the time); `SMOKE = True` runs faster.
@@ -110,7 +110,9 @@ def mla_spec(cfg):
 # (a multiply and an add, for the score or the weighted sum). That is far less arithmetic per
 # byte than a GPU can do: at long contexts decoding waits on memory, and the cache, not the
 # weights, decides how many sequences fit beside the model (chapter 2 measured it). Grouped-query
-# attention (GQA) shares one key and value head among a group of query heads. MLA goes further.
+# attention (GQA) shares one key and value head among a group of query heads, and multi-query
+# attention (MQA) one among all of them. MLA takes another road: it caches a compressed latent
+# from which every head's own key and value are re-created.
 #
 # DeepSeek-V3 has 128 heads with keys of $128 + 64 = 192$ and values of 128 channels. Its MLA
 # layer caches 576 numbers per token instead (the preset `presets.deepseek_v3()` holds the
@@ -361,26 +363,33 @@ DISTANCES["latent-cache decoding vs full forward, float64"] = worst
 assert worst < 1e-12
 
 # %% [markdown]
-# What absorption saves per decoding step, counted at DeepSeek-V3's sizes with $2mkn$ flops for
-# an $[m, k] \times [k, n]$ product and one query token: the naive step expands the cache,
-# the absorbed one multiplies the query by $W_{UK}$ and the averaged latent by $W_{UV}$:
+# What absorption costs and saves per decoding step, counted at DeepSeek-V3's sizes with $2mkn$
+# flops for an $[m, k] \times [k, n]$ product, one query token and one sequence. The
+# alternative a model without a latent has is MHA's cache of expanded keys and values, $H(d_n +
+# d_r + d_v)$ numbers per token; the absorbed step reads the latent cache, $r + d_r$ per token,
+# and multiplies the query by $W_{UK}$ and the averaged latent by $W_{UV}$. A third way, the
+# naive one, keeps the latent cache and expands all of it at every step: correct, and by far
+# the slowest (last column).
 
 # %%
-def decode_flops(T, H, r, dn, dr, dv, absorbed):
-    """Flops of one decoding step of one MLA layer's attention, one sequence."""
-    if absorbed:
-        return 2 * H * (dn * r + T * (r + dr) + T * r + r * dv)
-    expand = 2 * T * r * H * (dn + dv)
-    return expand + 2 * H * T * (dn + dr + dv)
+def decode_cost(T, H, r, dn, dr, dv, form):
+    """(flops, cached numbers read) of one decoding step of one layer's attention."""
+    if form == "expanded cache":  # MHA: scores and weighted sum over cached K and V
+        return 2 * H * T * (dn + dr + dv), H * T * (dn + dr + dv)
+    if form == "absorbed":
+        return 2 * H * (dn * r + T * (r + dr) + T * r + r * dv), T * (r + dr)
+    expand = 2 * T * r * H * (dn + dv)  # "naive": expand the latent cache, then MHA
+    return expand + 2 * H * T * (dn + dr + dv), T * (r + dr)
 
 
 dims = dict(H=spec.n_head, r=spec.kv_lora_rank, dn=spec.qk_nope_head_dim,
             dr=spec.qk_rope_head_dim, dv=spec.v_head_dim)
 for T_ in (4096, 131072):
-    naive, absorbed = (decode_flops(T_, **dims, absorbed=a) for a in (False, True))
-    print(f"T = {T_:>7,}: naive {naive / 1e9:8.1f} GFLOP, absorbed "
-          f"{absorbed / 1e9:6.2f} GFLOP per step and layer: "
-          f"{naive / absorbed:.0f}x fewer")
+    (fe, be), (fa, ba), (fn, _) = (decode_cost(T_, **dims, form=f_) for f_ in
+                                   ("expanded cache", "absorbed", "naive"))
+    print(f"T = {T_:>7,}, per step and layer: absorbed {fa / fe:.1f}x the flops of the "
+          f"expanded cache ({fa / 1e9:.2f} against {fe / 1e9:.2f} GFLOP) and "
+          f"{be / ba:.0f}x fewer bytes read; naive {fn / fa:.0f}x the flops of absorbed")
 r_, dn_, dr_, dv_ = dims["r"], dims["dn"], dims["dr"], dims["dv"]
 prefill_ratio = (2 * r_ + dr_) / (dn_ + dr_ + dv_)  # per query-key pair, per head
 print(f"prefill (T queries): absorbed attention costs {prefill_ratio:.1f}x the flops "
@@ -388,7 +397,9 @@ print(f"prefill (T queries): absorbed attention costs {prefill_ratio:.1f}x the f
 
 # %% [markdown]
 # Absorbed, every cached number is read once and used by all $H$ heads, where MHA uses each of
-# its cached numbers in one head only. For a prompt processed all at once (prefill) the balance
+# its cached numbers in one head only: more arithmetic, far fewer bytes. At a decoding step,
+# which does a few flops per number read, the bytes decide on a GPU (Experiment 2 measures the
+# trade on a CPU). For a prompt processed all at once (prefill) the balance
 # turns: with $T$ queries, every query-key pair costs $2(2r + d_r)$ flops per head absorbed
 # against $2(d_n + d_r + d_v)$ expanded (the multiple in the last line), while expanding costs
 # $2TrH(d_n + d_v)$ once, not per query. vLLM's MLA backend
@@ -657,7 +668,7 @@ print(f"pieces (1, 12), (5, 1, 1, 6), (12, 1): max |Δy| against the full forwar
 # ## Experiment 1: cache bytes against context
 #
 # How many bytes one sequence's cache takes as the context grows, for the attention layers of
-# four models, each with three designs: MHA (every head's key and value), GQA and MLA. The
+# four models, each with four designs: MHA (every head's key and value), GQA, MQA and MLA. The
 # model sizes come from the presets; for the designs a model does not use, the sizes follow by
 # formula from its head counts and dimensions:
 #
@@ -665,6 +676,7 @@ print(f"pieces (1, 12), (5, 1, 1, 6), (12, 1): max |Δy| against the full forwar
 #   heads attend with, $D_k = d_n + d_r$, $D_v = d_v$);
 # - **GQA**: the same with 8 key-value heads, as Llama 3 has at all three of its sizes
 #   (Llama Team, arXiv 2407.21783); for GPT-2, whose 12 heads 8 does not divide, 6;
+# - **MQA**: one key-value head, $D_k + D_v$ (Shazeer, arXiv 1911.02150);
 # - **MLA**: $r + d_r$, with DeepSeek-V2's rule $r = 4 D$, $d_r = D / 2$ for GPT-2's head width
 #   $D = 64$, the released values for the others.
 #
@@ -685,7 +697,7 @@ def cache_values_per_token(cfg, design, kv_heads=8):
         Dk = Dv = cfg.n_embd // H
         r_, dr_ = 4 * Dk, Dk // 2
     groups = max(g for g in range(1, kv_heads + 1) if H % g == 0)
-    per_layer = {"MHA": H * (Dk + Dv), "GQA": groups * (Dk + Dv),
+    per_layer = {"MHA": H * (Dk + Dv), "GQA": groups * (Dk + Dv), "MQA": Dk + Dv,
                  "MLA": r_ + dr_}[design]
     return len(attn) * per_layer
 
@@ -694,14 +706,15 @@ MODELS = {"GPT-2 small": presets.gpt2_small(), "DeepSeek-V3": ds3,
           "Kimi K2": presets.kimi_k2(), "Kimi K3": presets.kimi_k3_mixers()}
 RELEASED = {"GPT-2 small": "MHA", "DeepSeek-V3": "MLA", "Kimi K2": "MLA",
             "Kimi K3": "MLA"}
-DESIGNS = ("MHA", "GQA", "MLA")
+DESIGNS = ("MHA", "GQA", "MQA", "MLA")
 BYTES = 2  # bf16
-print(f"{'':>12s}" + "".join(f"{d_:>14s}" for d_ in DESIGNS)
+print(f"{'':>12s}" + "".join(f"{d_:>10s}" for d_ in DESIGNS)
       + "   bytes per token, bf16")
 for name, cfg in MODELS.items():
     row = [cache_values_per_token(cfg, d_) * BYTES for d_ in DESIGNS]
-    print(f"{name:>12s}" + "".join(f"{b:>14,}" for b in row)
-          + f"   MHA/MLA {row[0] / row[2]:.0f}x, GQA/MLA {row[1] / row[2]:.1f}x")
+    print(f"{name:>12s}" + "".join(f"{b:>10,}" for b in row)
+          + f"   MHA/MLA {row[0] / row[3]:.0f}x, GQA/MLA {row[1] / row[3]:.1f}x, "
+          f"MQA/MLA {row[2] / row[3]:.2f}x")
 print("at each model's released context, one sequence:")
 for name, cfg in MODELS.items():
     T_ = cfg.block_size
@@ -709,13 +722,14 @@ for name, cfg in MODELS.items():
     print(f"{name:>12s}  {T_:>9,} tokens: "
           + ", ".join(f"{d_} {gb[d_]:,.2f} GB" for d_ in DESIGNS))
 
-# %% mystnb={"figure": {"caption": "Bytes of one sequence's attention cache (bf16) against the context length for GPT-2 small, DeepSeek-V3, Kimi K2 and Kimi K3, each with multi-head attention (MHA), grouped-query attention with 8 key-value heads (GQA; 6 for GPT-2) and multi-head latent attention (MLA). The design each model was released with is drawn thick, the dashed vertical line marks its released context, the dotted horizontal line 80 GB. For Kimi K3 only its 24 MLA layers keep a cache.", "name": "fig-mla-cache-bytes"}, "image": {"alt": "Four log-log panels, one per model, of cache gigabytes against context length from 1K to 1M tokens. Every line is straight with slope one, MHA highest, GQA below it, MLA lowest. For GPT-2, drawn thick on MHA, the three lines lie within a factor of about five, all far below 80 GB at its context of 1K. For DeepSeek-V3 and Kimi K2, drawn thick on MLA, MHA lies about 71 and 36 times above MLA and crosses 80 GB well before their released contexts of 160K and 128K, where MLA needs about 10 GB. For Kimi K3, MLA in 24 layers stays near 30 GB at its context of 1M, below the 80 GB line, where MHA would pass a terabyte."}}
+# %% mystnb={"figure": {"caption": "Bytes of one sequence's attention cache (bf16) against the context length for GPT-2 small, DeepSeek-V3, Kimi K2 and Kimi K3, each with multi-head attention (MHA), grouped-query attention with 8 key-value heads (GQA; 6 for GPT-2), multi-query attention with one (MQA) and multi-head latent attention (MLA). The design each model was released with is drawn thick, the dashed vertical line marks its released context, the dotted horizontal line 80 GB. For Kimi K3 only its 24 MLA layers keep a cache.", "name": "fig-mla-cache-bytes"}, "image": {"alt": "Four log-log panels, one per model, of cache gigabytes against context length from 1K to 1M tokens. Every line is straight with slope one, MHA highest, GQA below it, MLA below GQA, and MQA lowest, at about half of MLA. For GPT-2, drawn thick on MHA, the four lines lie within a factor of about twelve, all far below 80 GB at its context of 1K. For DeepSeek-V3 and Kimi K2, drawn thick on MLA, MHA lies about 71 and 36 times above MLA and crosses 80 GB well before their released contexts of 160K and 128K, where MLA needs about 10 GB. For Kimi K3, MLA in 24 layers stays near 30 GB at its context of 1M, below the 80 GB line, where MHA would pass a terabyte."}}
 ctx = np.logspace(10, 20, 21, base=2)
 fig, axes = plt.subplots(2, 2, figsize=(6.8, 5.2), sharex=True, sharey=True)
 for ax, (name, cfg) in zip(axes.flat, MODELS.items()):
     for i, d_ in enumerate(DESIGNS):
         gb = cache_values_per_token(cfg, d_) * BYTES * ctx / 1e9
-        ax.plot(ctx, gb, color=f"C{i}", lw=3 if d_ == RELEASED[name] else 1.2, label=d_)
+        ax.plot(ctx, gb, color=f"C{i}", lw=3 if d_ == RELEASED[name] else 1.2, label=d_,
+                ls=":" if d_ == "MQA" else "-")
     ax.axhline(80, color="k", ls=":", lw=1)
     ax.axvline(cfg.block_size, color="gray", ls="--", lw=1)  # released context
     ax.set(xscale="log", yscale="log", title=name)
@@ -747,12 +761,24 @@ print(f"DeepSeek-V3: (r + dr) / (Dk + Dv) = {latent} / {Dk + spec.v_head_dim} = 
 
 # %% [markdown]
 # (DeepSeek-V2's paper states the second number: MLA's cache equals GQA's with 2.25 groups.)
+#
+# **Why not MQA?** One key-value head shared by all query heads caches fewer bytes than MLA in
+# every model of the table (the MQA/MLA column), so bytes are not why DeepSeek built MLA. The
+# reason is quality. DeepSeek-V2's paper (arXiv 2405.04434, §2.1 and appendix D) ranks the
+# capability of the designs as MHA strong, GQA moderate, MQA weak and MLA stronger than MHA, from
+# ablations of dense and MoE models trained each way. The mechanism is visible in this chapter's
+# equations: in training and prefill MLA *is* multi-head attention, each head with its own keys
+# $c_s W_{UK}^{(h)\top}$ and values $c_s W_{UV}^{(h)}$ expanded from the latent; only decoding
+# reads the latent as one shared head, through absorption, and there each head still sees the
+# cache through its own $W_{UK}^{(h)}$ and $W_{UV}^{(h)}$. MQA shares one key and one value
+# among all heads in training too. MLA pays in arithmetic at each decoding step (the next
+# sections) and in rank: every head's keys lie in the same $r$-dimensional space.
 # Kimi K3 keeps its cache in about a quarter of its layers and so caches the fewest bytes per
 # token of the three large models; its KDA layers keep a state that does not grow with the
 # context (chapter 12).
 
 # %% [markdown]
-# ## Experiment 2: absorbed against naive decoding, measured
+# ## Experiment 2: absorbed decoding against an expanded cache, measured
 #
 # One decoding step of one layer's attention (the query is given; the projections common to
 # both forms are left out), from a latent cache of $T$ tokens, at DeepSeek-V3's head sizes
@@ -834,16 +860,15 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The naive step is the slowest at every length, by the factor in the naive/absorbed column: on
-# one CPU thread its time goes into expanding the cache, the flops counted in the absorption
-# section. Between the absorbed step and MHA from an expanded cache the measurement shows a
-# trade, not a free win: the absorbed step does more arithmetic per cached token (the multiple
+# Between the absorbed step and MHA from an expanded cache the measurement shows a trade, not a
+# free win: the absorbed step does more arithmetic per cached token (the multiple
 # in the last printed line) and reads fewer bytes (its cache is $r + d_r$ wide where the
 # expanded one is $H(D_k + D_v)$). Which of the two is faster on a CPU depends on whether the
 # step waits on arithmetic or on memory, and the last column shows how that changes with the
 # length here: a decoding step is a matrix-vector product, each cached number used by $H$
 # heads at most, so once the cache outgrows the CPU's caches even a CPU starts to wait on
-# memory.
+# memory. The naive step is the slowest at every length, by the factor in the naive/absorbed
+# column: its time goes into expanding the cache, the flops counted in the absorption section.
 #
 # What this cannot show is the regime MLA is built for. Here one sequence runs on one thread,
 # with far fewer heads than DeepSeek-V3's 128, so the expanded cache is only a few times the
@@ -978,10 +1003,13 @@ ok = checks.run("mla.interleaved_rope", interleaved_rope_solution)
 #   float32 rounding, naive and absorbed, and decodes in pieces to the full forward.
 # - For DeepSeek-V3, Kimi K2 and K3, MLA's cache is 36 to 71 times smaller than MHA's would be
 #   and several times smaller than GQA's with 8 key-value heads (the table of Experiment 1).
-#   On one CPU thread, absorbed decoding is many times faster than expanding the cache at each
-#   step; against a cache of expanded keys and values it trades arithmetic for bytes, and which
-#   wins on a CPU depends on the length. The memory-bound regime that MLA is designed for
-#   needs a GPU to measure.
+#   One shared head (MQA) caches less still; DeepSeek chose MLA for quality, since it trains and
+#   prefills as full multi-head attention.
+# - Against a cache of expanded keys and values, absorbed decoding trades arithmetic for bytes:
+#   about 3.4 times the flops per step, 71 times fewer bytes read at DeepSeek-V3's size. On one CPU
+#   thread which wins depends on the length; the memory-bound regime that MLA is designed for
+#   needs a GPU to measure. Re-expanding the latent cache at every step is many times slower
+#   than both.
 #
 # The distances measured in this chapter:
 

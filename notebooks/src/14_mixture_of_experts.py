@@ -195,8 +195,13 @@ b = 0.05 * torch.randn(E, generator=gen)
 p = router_scores(x, W_r)
 w_mine, idx_mine = route_mine(p, b, k, rho)
 w_lib, idx_lib = moe.route(p, top_k=k, bias=b, routed_scaling_factor=rho)
-print(f"my router against moe.route: same experts {torch.equal(idx_mine, idx_lib)}, "
-      f"max |weight diff| {max_diff(w_mine, w_lib):.1e}")
+def experts_differ(a, b):
+    """Tokens whose chosen experts differ between two routings (as sets)."""
+    return (a.sort(-1).values != b.sort(-1).values).any(-1).sum().item()
+
+
+print(f"my router against moe.route: experts differ for {experts_differ(idx_mine, idx_lib)} "
+      f"of {N} tokens, max |weight diff| {max_diff(w_mine, w_lib):.1e}")
 print(f"each token's weights sum to rho = {rho}: "
       f"max |sum - rho| {max_diff(w_mine.sum(-1), torch.full((N,), rho)):.1e}")
 router = moe.Router(d, E, k, routed_scaling_factor=rho)  # the module: W_r and the bias
@@ -205,7 +210,7 @@ with torch.no_grad():
     router.e_score_correction_bias.copy_(b)
     w_mod, idx_mod, p_mod = router(x)
 print(f"my scores and router against moe.Router: scores {max_diff(p, p_mod):.1e}, "
-      f"same experts {torch.equal(idx_mine, idx_mod)}, weights "
+      f"experts differ for {experts_differ(idx_mine, idx_mod)} of {N} tokens, weights "
       f"{max_diff(w_mine, w_mod):.1e}")
 
 # %% [markdown]
@@ -1012,8 +1017,9 @@ for name, t in tables.items():
 # - **Embeddings and what "active" means.** A token reads one row of the input embedding, not
 #   the whole matrix; `count_parameters` counts the matrix as active (every parameter a token
 #   can touch, by the contract of `tinyk3.models`). The same `README_WEIGHTS.md` gives 36.6B
-#   activated "including 0.9B for the output Head" (DeepSeek revised it from 36.7B with both
-#   embedding and head). Leaving the input embedding out of our active count gives:
+#   activated "including 0.9B for the output Head"; the copy in the GitHub repository
+#   `deepseek-ai/DeepSeek-V3` still reads 36.7B, "including 0.9B for Embedding and 0.9B for the
+#   output Head" (DeepSeek revised the Hugging Face copy). Leaving the input embedding out of our active count gives:
 
 # %%
 for name, (_, active) in counts.items():
