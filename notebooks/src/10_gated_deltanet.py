@@ -174,7 +174,12 @@ print(f"error before forget: |k S_t - v_new| = {(k1 @ S_other - v_new).norm():.3
 
 # %% [markdown]
 # With the decay first, a full-strength write lands: reading the key gives $v_{\text{new}}$
-# exactly. With the error first, the correction removes the whole old value although only
+# exactly. Chapter 5's view of a write as one gradient step says why. There the delta rule is a
+# step of size $\beta_t$ on $\tfrac12\lVert k_t S - v_t\rVert^2$ from $S_{t-1}$; Gated DeltaNet
+# first shrinks the weights, $S \to \alpha_t S_{t-1}$ (weight decay on the fast weights), and
+# takes that step from the shrunk ones, so the error is measured against what the state holds
+# after forgetting. The Kimi Linear report (§2.2) reads Gated DeltaNet, and KDA, this way.
+# With the error first, the correction removes the whole old value although only
 # $\alpha$ of it was left, so the read gives $v_{\text{new}} - (1 - \alpha) v_{\text{old}}$: the old
 # value's share overshoots past zero. In matrix form its transition is $\alpha_t I - \beta_t
 # k_t^\top k_t$, whose eigenvalue along a unit $k_t$ is $\alpha_t - \beta_t$, negative whenever

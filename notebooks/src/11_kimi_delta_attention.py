@@ -459,8 +459,11 @@ print(f"naive (K ⊙ Γ)(K ⊘ Γ)ᵀ, float32: {int(torch.isnan(A_naive).sum())
       f"diagonal; first bad row {int(bad.any(1).nonzero()[0])}")
 
 # %% [markdown]
-# **Sub-chunks with reference points.** The way out (fla's `chunk_intra`, FlashKDA's
-# `CHUNK = 16`, and `kda.pair_scores` here) cuts the chunk into sub-chunks of $s = 16$ tokens
+# **Sub-chunks with reference points.** The way out, first used for gated linear attention's
+# decay per channel (GLA: Yang et al. 2024, arXiv 2312.06635, a second level of chunking inside
+# each chunk), and now in
+# fla's `chunk_intra`, FlashKDA's `CHUNK = 16` and `kda.pair_scores` here, cuts the chunk into
+# sub-chunks of $s = 16$ tokens
 # and splits each exponent at the start of the row's sub-chunk. For row $i$ in sub-chunk $a$ and
 # column $j$ in sub-chunk $b \le a$, write $G_i = r_a + L_i$, with $r_a$ the cumulative gate
 # before sub-chunk $a$ (its reference point) and $L_i$ the sum inside it:
