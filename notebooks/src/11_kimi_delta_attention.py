@@ -983,6 +983,16 @@ plt.show()
 # `tinyk3.kernels.gated_delta_rule.chunked` and `tinyk3.kernels.kda.chunked` have the signatures
 # of the ops. Below, each stage as a diff against chapter 9's source: lines with `-` are chapter
 # 9's, lines with `+` the gated kernel's, everything else is unchanged.
+#
+# Two things set these kernels apart from fla's `chunk_kda`, and both are choices of simplicity
+# over speed. **The sub-chunk scores**: KDA's gated $KK^\top$ and $QK^\top$ are formed with one
+# full $C \times C$ `tl.dot` per reference point, the rows of the other sub-chunks zeroed, so
+# $C/16$ full products where fla forms $16 \times 16$ blocks (`fla/ops/kda/chunk_intra.py`): at
+# $C = 64$ these two products cost 4 times chapter 9's, so "the decay adds only elementwise
+# exponentials", true of the counted form above, is not true of these kernels. **The operand
+# precision**: in the production mode every `tl.dot` takes bfloat16 operands with float32
+# accumulation, where fla's forward forms the sub-chunk scores from float32 tiles with TF32
+# products. Neither has been timed on a GPU yet (`tools/gpu_check_kernels.py` holds the check).
 
 # %%
 import difflib
