@@ -354,7 +354,11 @@ for name, c in (("DeepSeek-V3", moe_of(PRESETS["DeepSeek-V3"])),
 #
 # ## Shared experts, and the whole layer
 #
-# DeepSeek-V3 and Kimi K2 add one shared expert that every token passes through, unweighted;
+# DeepSeek-V3 and Kimi K2 add one shared expert that every token passes through, unweighted.
+# DeepSeekMoE (Dai et al. 2024, arXiv 2401.06066) introduced them together with many small
+# routed experts: what every token needs is learned once, in the shared expert, instead of
+# again in each routed one, which leaves the routed experts free to specialise ("shared expert
+# isolation" and "fine-grained expert segmentation" in that paper).
 # Qwen3-Next multiplies its shared expert by a sigmoid gate of the token,
 # $\sigma(x_t w_g^\top)$. The layer is then the weighted sum of the chosen experts plus the shared
 # ones. Running the routed experts one at a time is the reference: for each expert, gather the
@@ -418,6 +422,12 @@ for dtype in (torch.float64, torch.float32):
 # sit far inside it). `moe.experts_batched` goes one step further than the sorted form: it pads every expert's
 # rows to the busiest expert's count and runs all experts in two batched matrix products
 # (`torch.bmm` over `[E, capacity, d]`). The padding is wasted work whenever the load is uneven.
+# Many MoE systems bound that work instead: each expert gets a fixed number of slots, a
+# *capacity factor* times the even share $N K_r / E$, and the tokens that overflow a full expert
+# are dropped from it (they pass through the residual only; GShard, Lepikhin et al. 2020, arXiv
+# 2006.16668; Switch Transformer, Fedus et al. 2021, arXiv 2101.03961). DeepSeek-V3 drops no
+# tokens in training or inference, relying on its balancing (report §2.1.2); padding, as here,
+# computes exactly what the loop computes.
 # Timed (median of the runs, `tinyk3.timing`), at a few tokens (decoding) and at many
 # (prefill, training):
 
