@@ -37,8 +37,9 @@
 # $e^{-\sum g}$, 16-token sub-chunks with reference points, the lower-bound gate of Kimi K3);
 # check `tinyk3.ops.kda.chunked` against the loop; and test, on a task with two time scales,
 # whether per-channel gates beat one gate per head, with gates set by hand and then learned.
-# Last, the Triton kernels of both gated rules: what the gate changes in chapter 9's kernel, line
-# by line, checked under the interpreter and compiled for an H100 without one.
+# An optional last section, after the summary, reads the Triton kernels of both gated rules:
+# what the gate changes in chapter 9's kernel, line by line, checked under the interpreter and
+# compiled for an H100 without one.
 #
 # **Cost.** Under a minute on one CPU core, most of it in training the gates of the experiment
 # and running the kernels under the Triton interpreter (the last cell prints the time);
@@ -232,63 +233,6 @@ o_dplr, S_dplr = dplr_loop(q, k, beta.unsqueeze(-1) * v, a_kda, b_kda, g, S0)
 print(f"KDA as DPLR against kda.recurrent: max |o| diff {max_diff(o_dplr, o_lib):.1e}")
 
 # %% [markdown]
-# **What the tie saves, counted.** Per token and head, a DPLR layer must produce $q, k, a, b, g$
-# ($D_k$ numbers each) and $v$; KDA produces $q, k, g$, $v$ and one $\beta$. In the chunk form
-# (next section) every product of two token-indexed vectors with the decay between them becomes
-# a $C \times C$ matrix per chunk. Reading the forward kernels: fla's DPLR forms four,
-# `A_qk, A_qb, A_ak, A_ab` (`dplr/chunk_A_fwd.py`), then inverts $I + A_{ab}$, multiplies the
-# inverse into $A_{ak}$ (a $C \times C$ by $C \times C$ product), and updates the state with two
-# products (`kg`ᵀ$v$ and `bg`ᵀ$v_2$, `dplr/chunk_h_fwd.py`) and the outputs with three
-# (`chunk_o_fwd.py`). fla's KDA forms two, `Aqk` and `Akk` (`kda/chunk_intra.py`): the read
-# vector $a_t$ and the write vector $b_t$ of DPLR are both the key, so $A_{ab}$, $A_{ak}$ collapse
-# into one matrix and $A_{qb}$, $A_{qk}$ into another. The products each forward pass issues per
-# chunk of $C$ tokens, with $D_k = D_v = D$ and $2mkn$ flops for $[m, k] \times [k, n]$:
-
-# %%
-def forward_products(rule, C, D):
-    """(name, m, k, n) of each product per chunk and head in fla's forward kernels."""
-    if rule == "DPLR":
-        return ([(f"A_{x}", C, D, C) for x in ("qk", "qb", "ak", "ab")]  # 4 scores
-                + [("A_ab⁻¹ A_ak", C, C, C), ("w = A_ab⁻¹ a_g", C, C, D),
-                   ("u = (A_ab⁻¹ A_ak) v", C, C, D)]
-                + [("w S", C, D, D), ("k_gᵀ v", D, C, D), ("b_gᵀ v₂", D, C, D)]
-                + [("q_g S", C, D, D), ("A_qk v", C, C, D), ("A_qb v₂", C, C, D)])
-    return ([("A_kk", C, D, C), ("A_qk", C, D, C)]  # 2 scores
-            + [("w = 𝒯 (K⊙Γ)", C, C, D), ("u = 𝒯 V", C, C, D)]
-            + [("w S", C, D, D), ("k_gᵀ u'", D, C, D)]
-            + [("q_g S", C, D, D), ("A_qk u'", C, C, D)])
-
-
-C_, D_ = 64, 128  # Kimi Linear's and K3's head size, a GPU chunk size
-print(f"per chunk of C = {C_}, D = {D_}, one head, forward:")
-print(f"{'':>6s} {'inputs/token':>13s} {'C×C scores':>11s} {'products':>9s} "
-      f"{'GFLOP':>8s}")
-flops = {}
-for rule, inputs in (("DPLR", 6 * D_), ("KDA", 4 * D_ + 1)):
-    prods = forward_products(rule, C_, D_)
-    n_scores = sum(m == n == C_ and kk == D_ for _, m, kk, n in prods)
-    inverse = C_**3 / 3  # the triangular inverse, both rules
-    flops[rule] = sum(2 * m * kk * n for _, m, kk, n in prods) + inverse
-    print(f"{rule:>6s} {inputs:13d} {n_scores:11d} {len(prods):9d} "
-          f"{flops[rule] / 1e9:8.4f}")
-kda_model = cost.chunked_delta_rule_flops(C_, D_, C_)  # chapter 8's count, one chunk
-print(f"KDA's count {flops['KDA']:,.0f}, chapter 8's DeltaNet count {kda_model:,.0f}: "
-      f"|difference| {abs(flops['KDA'] - kda_model):.0f}; "
-      f"DPLR / KDA flops: {flops['DPLR'] / flops['KDA']:.2f}x")
-d_model, heads = 2304, 32  # Kimi Linear 48B's KDA layers
-extra = 2 * d_model * D_ * heads
-print(f"two more D-wide projections per head (a and b) at Kimi Linear's width "
-      f"{d_model}, {heads} heads: {extra / 1e6:.1f}M weights per layer if full rank")
-
-# %% [markdown]
-# Tying both vectors to the key makes the chunk form of KDA cost exactly what chapter 8's chunked
-# DeltaNet costs in matrix products (the decay adds only elementwise exponentials), where the
-# general form needs the multiple printed above and reads half again as many numbers per token.
-# It also keeps the transition's eigenvalues in $[0, 1]$ for unit keys: the rank-one part of
-# a DPLR transition can point anywhere, KDA's is the projection chapter 5 analysed, scaled by the
-# decay.
-
-# %% [markdown]
 # ## The chunk form
 #
 # Take one chunk of $C$ tokens starting from $S_{[c]}$; index its tokens $i = 1, \dots, C$ and
@@ -419,6 +363,65 @@ for name, G_ in (("one gate per head", G_s[:, :1].expand(-1, Dk)),
 
 # %%
 tinyk3.notebook.show_source(kda.chunked)
+
+# %% [markdown]
+# ## What the tie saves, counted
+#
+# Per token and head, a DPLR layer must produce $q, k, a, b, g$
+# ($D_k$ numbers each) and $v$; KDA produces $q, k, g$, $v$ and one $\beta$. In the chunk form
+# (the previous section) every product of two token-indexed vectors with the decay between them becomes
+# a $C \times C$ matrix per chunk. Reading the forward kernels: fla's DPLR forms four,
+# `A_qk, A_qb, A_ak, A_ab` (`dplr/chunk_A_fwd.py`), then inverts $I + A_{ab}$, multiplies the
+# inverse into $A_{ak}$ (a $C \times C$ by $C \times C$ product), and updates the state with two
+# products (`kg`ᵀ$v$ and `bg`ᵀ$v_2$, `dplr/chunk_h_fwd.py`) and the outputs with three
+# (`chunk_o_fwd.py`). fla's KDA forms two, `Aqk` and `Akk` (`kda/chunk_intra.py`): the read
+# vector $a_t$ and the write vector $b_t$ of DPLR are both the key, so $A_{ab}$, $A_{ak}$ collapse
+# into one matrix and $A_{qb}$, $A_{qk}$ into another. The products each forward pass issues per
+# chunk of $C$ tokens, with $D_k = D_v = D$ and $2mkn$ flops for $[m, k] \times [k, n]$:
+
+# %%
+def forward_products(rule, C, D):
+    """(name, m, k, n) of each product per chunk and head in fla's forward kernels."""
+    if rule == "DPLR":
+        return ([(f"A_{x}", C, D, C) for x in ("qk", "qb", "ak", "ab")]  # 4 scores
+                + [("A_ab⁻¹ A_ak", C, C, C), ("w = A_ab⁻¹ a_g", C, C, D),
+                   ("u = (A_ab⁻¹ A_ak) v", C, C, D)]
+                + [("w S", C, D, D), ("k_gᵀ v", D, C, D), ("b_gᵀ v₂", D, C, D)]
+                + [("q_g S", C, D, D), ("A_qk v", C, C, D), ("A_qb v₂", C, C, D)])
+    return ([("A_kk", C, D, C), ("A_qk", C, D, C)]  # 2 scores
+            + [("w = 𝒯 (K⊙Γ)", C, C, D), ("u = 𝒯 V", C, C, D)]
+            + [("w S", C, D, D), ("k_gᵀ u'", D, C, D)]
+            + [("q_g S", C, D, D), ("A_qk u'", C, C, D)])
+
+
+C_, D_ = 64, 128  # Kimi Linear's and K3's head size, a GPU chunk size
+print(f"per chunk of C = {C_}, D = {D_}, one head, forward:")
+print(f"{'':>6s} {'inputs/token':>13s} {'C×C scores':>11s} {'products':>9s} "
+      f"{'GFLOP':>8s}")
+flops = {}
+for rule, inputs in (("DPLR", 6 * D_), ("KDA", 4 * D_ + 1)):
+    prods = forward_products(rule, C_, D_)
+    n_scores = sum(m == n == C_ and kk == D_ for _, m, kk, n in prods)
+    inverse = C_**3 / 3  # the triangular inverse, both rules
+    flops[rule] = sum(2 * m * kk * n for _, m, kk, n in prods) + inverse
+    print(f"{rule:>6s} {inputs:13d} {n_scores:11d} {len(prods):9d} "
+          f"{flops[rule] / 1e9:8.4f}")
+kda_model = cost.chunked_delta_rule_flops(C_, D_, C_)  # chapter 8's count, one chunk
+print(f"KDA's count {flops['KDA']:,.0f}, chapter 8's DeltaNet count {kda_model:,.0f}: "
+      f"|difference| {abs(flops['KDA'] - kda_model):.0f}; "
+      f"DPLR / KDA flops: {flops['DPLR'] / flops['KDA']:.2f}x")
+d_model, heads = 2304, 32  # Kimi Linear 48B's KDA layers
+extra = 2 * d_model * D_ * heads
+print(f"two more D-wide projections per head (a and b) at Kimi Linear's width "
+      f"{d_model}, {heads} heads: {extra / 1e6:.1f}M weights per layer if full rank")
+
+# %% [markdown]
+# Tying both vectors to the key makes the chunk form of KDA cost exactly what chapter 8's chunked
+# DeltaNet costs in matrix products (the decay adds only elementwise exponentials), where the
+# general form needs the multiple printed above and reads half again as many numbers per token.
+# It also keeps the transition's eigenvalues in $[0, 1]$ for unit keys: the rank-one part of
+# a DPLR transition can point anywhere, KDA's is the projection chapter 5 analysed, scaled by the
+# decay.
 
 # %% [markdown]
 # ## Numerics: what shapes every KDA kernel
@@ -972,7 +975,116 @@ plt.show()
 # with a gate per channel there is one optimum that serves both.
 
 # %% [markdown]
-# ## What the gate changes in the kernel
+# ## Exercises
+#
+# ```{exercise} One step of Kimi Delta Attention
+# :label: ex-kda-step
+#
+# Write `kda_step(S, k, v, beta, g)`: one token of KDA, forget before error. Inputs
+# `S [B, H, Dk, Dv]`, `k [B, H, Dk]`, `v [B, H, Dv]`, `beta [B, H]` and the per-channel log decay
+# `g [B, H, Dk]` (`g ≤ 0`); return the new state `[B, H, Dk, Dv]`,
+# $S' = \operatorname{Diag}(e^{g}) S$, $S + k^\top \beta (v - k S')$ with $S$ replaced by $S'$.
+# ```
+
+# %%
+def kda_step_mine(S, k, v, beta, g):
+    # your code here
+    raise NotImplementedError
+
+
+# %% tags=["nbval-check-output"]
+ok = checks.run("kda.step", kda_step_mine)
+
+# %% [markdown]
+# ```{solution-start} ex-kda-step
+# :class: dropdown
+# ```
+
+# %%
+def kda_step_solution(S, k, v, beta, g):
+    S = torch.exp(g).unsqueeze(-1) * S  # Diag(α) S: row d (key channel d) times α_d
+    v_old = torch.einsum("bhk,bhkv->bhv", k, S)  # k S'
+    u = beta.unsqueeze(-1) * (v - v_old)  # β (v − k S')
+    return S + k.unsqueeze(-1) * u.unsqueeze(-2)  # S' + kᵀ u
+
+
+ok = checks.run("kda.step", kda_step_solution)
+
+# %% [markdown]
+# ```{solution-end}
+# ```
+#
+# ```{exercise} The decayed key scores of one chunk
+# :label: ex-kda-chunk-scores
+#
+# Write `chunk_scores(k, g)`: for one chunk, `k, g [B, H, C, Dk]`, return
+# $\Omega^{kk}_{ij} = \sum_d k_{id} k_{jd}\, e^{G_{id} - G_{jd}}$ for $j < i$ and 0 on and above the diagonal,
+# `[B, H, C, C]`, with $G_i = \sum_{s \le i} g_s$ per channel. It must be finite and accurate in
+# float32 for $C$ up to 64 and gates down to $-5$ (the checker's cases go there), and keep the
+# dtype. Any correct method passes: pair by pair, or sub-chunks as `kda.pair_scores` does.
+# ```
+
+# %%
+def chunk_scores_mine(k, g):
+    # your code here
+    raise NotImplementedError
+
+
+# %% tags=["nbval-check-output"]
+ok = checks.run("kda.chunk_scores", chunk_scores_mine)
+
+# %% [markdown]
+# ```{solution-start} ex-kda-chunk-scores
+# :class: dropdown
+# ```
+
+# %%
+def chunk_scores_solution(k, g):
+    G = g.cumsum(-2)  # G_i, per channel                          [B, H, C, Dk]
+    C = G.shape[-2]
+    i = torch.arange(C)
+    below = (i[:, None] > i[None, :])[..., None]  # j < i         [C, C, 1]
+    diff = G.unsqueeze(-2) - G.unsqueeze(-3)  # G_i − G_j          [B, H, C, C, Dk]
+    # −inf where j ≥ i BEFORE exp: there G_i − G_j ≥ 0 and exp may overflow
+    decay = torch.exp(torch.where(below, diff, torch.full_like(diff, -math.inf)))
+    return torch.einsum("bhid,bhjd,bhijd->bhij", k, k, decay)
+
+
+ok = checks.run("kda.chunk_scores", chunk_scores_solution)
+
+# %% [markdown]
+# The naive `(k * exp(G)) @ (k * exp(-G)).mT` passes the cases with $C \le 16$, and the checker
+# reports NaN at $C \ge 32$ with gates near $-5$ in float32: this chapter's numerics section in
+# one line.
+#
+# ```{solution-end}
+# ```
+
+# %% [markdown]
+# ## Summary
+#
+# - KDA is Gated DeltaNet with a forget gate per key channel,
+#   $S_t = (I - \beta_t k_t^\top k_t)\operatorname{Diag}(\alpha_t) S_{t-1} + \beta_t k_t^\top v_t$;
+#   equal gates give Gated DeltaNet, zero gates DeltaNet.
+# - Its transition is diagonal plus rank one with both vectors made from the key: against general
+#   DPLR that saves two of four score matrices and five of 13 products per chunk, so the chunk
+#   form costs what chunked DeltaNet costs.
+# - The chunk form undoes the decay: read keys $k \odot \gamma$, write keys $k \oslash \gamma$.
+#   Unlike chapter 10's, the decayed scores are no rescaling of $KK^\top$ and must be formed.
+# - Formed naively they overflow float32 once a chunk's gate sum passes about $-88$; 16-token
+#   sub-chunks with reference points keep every factor bounded, and K3's lower-bound gate
+#   guarantees the bound.
+# - `kda.chunked` equals the token loop to float64 round-off and stays within the stated bound in
+#   float32 at $T = 8192$.
+# - Per-channel gates keep long and short facts apart only when the keys put each lifetime in
+#   channels of its own: with the channels mixed, the same gates lose the long facts. Learned
+#   gates found the split.
+
+# %% [markdown]
+# ## Optional: what the gate changes in the kernel
+#
+# This section reads the gated Triton kernels against chapter 9's; nothing before it depends on
+# it, and a reader who skipped chapter 9 can stop at the summary.
 #
 # Chapter 9 wrote chunkwise DeltaNet as three Triton stages: the WY factors of every chunk in
 # parallel, the one sequential pass over chunks that carries the state, and the outputs of every
@@ -1164,135 +1276,6 @@ else:
 # H = 16, D = 128, T from 2048 to 16384).
 
 # %% [markdown]
-# ## Exercises
-#
-# ```{exercise} One step of Kimi Delta Attention
-# :label: ex-kda-step
-#
-# Write `kda_step(S, k, v, beta, g)`: one token of KDA, forget before error. Inputs
-# `S [B, H, Dk, Dv]`, `k [B, H, Dk]`, `v [B, H, Dv]`, `beta [B, H]` and the per-channel log decay
-# `g [B, H, Dk]` (`g ≤ 0`); return the new state `[B, H, Dk, Dv]`,
-# $S' = \operatorname{Diag}(e^{g}) S$, $S + k^\top \beta (v - k S')$ with $S$ replaced by $S'$.
-# ```
-
-# %%
-def kda_step_mine(S, k, v, beta, g):
-    # your code here
-    raise NotImplementedError
-
-
-# %% tags=["nbval-check-output"]
-ok = checks.run("kda.step", kda_step_mine)
-
-# %% [markdown]
-# ```{solution-start} ex-kda-step
-# :class: dropdown
-# ```
-
-# %%
-def kda_step_solution(S, k, v, beta, g):
-    S = torch.exp(g).unsqueeze(-1) * S  # Diag(α) S: row d (key channel d) times α_d
-    v_old = torch.einsum("bhk,bhkv->bhv", k, S)  # k S'
-    u = beta.unsqueeze(-1) * (v - v_old)  # β (v − k S')
-    return S + k.unsqueeze(-1) * u.unsqueeze(-2)  # S' + kᵀ u
-
-
-ok = checks.run("kda.step", kda_step_solution)
-
-# %% [markdown]
-# ```{solution-end}
-# ```
-#
-# ```{exercise} The decayed key scores of one chunk
-# :label: ex-kda-chunk-scores
-#
-# Write `chunk_scores(k, g)`: for one chunk, `k, g [B, H, C, Dk]`, return
-# $\Omega^{kk}_{ij} = \sum_d k_{id} k_{jd}\, e^{G_{id} - G_{jd}}$ for $j < i$ and 0 on and above the diagonal,
-# `[B, H, C, C]`, with $G_i = \sum_{s \le i} g_s$ per channel. It must be finite and accurate in
-# float32 for $C$ up to 64 and gates down to $-5$ (the checker's cases go there), and keep the
-# dtype. Any correct method passes: pair by pair, or sub-chunks as `kda.pair_scores` does.
-# ```
-
-# %%
-def chunk_scores_mine(k, g):
-    # your code here
-    raise NotImplementedError
-
-
-# %% tags=["nbval-check-output"]
-ok = checks.run("kda.chunk_scores", chunk_scores_mine)
-
-# %% [markdown]
-# ```{solution-start} ex-kda-chunk-scores
-# :class: dropdown
-# ```
-
-# %%
-def chunk_scores_solution(k, g):
-    G = g.cumsum(-2)  # G_i, per channel                          [B, H, C, Dk]
-    C = G.shape[-2]
-    i = torch.arange(C)
-    below = (i[:, None] > i[None, :])[..., None]  # j < i         [C, C, 1]
-    diff = G.unsqueeze(-2) - G.unsqueeze(-3)  # G_i − G_j          [B, H, C, C, Dk]
-    # −inf where j ≥ i BEFORE exp: there G_i − G_j ≥ 0 and exp may overflow
-    decay = torch.exp(torch.where(below, diff, torch.full_like(diff, -math.inf)))
-    return torch.einsum("bhid,bhjd,bhijd->bhij", k, k, decay)
-
-
-ok = checks.run("kda.chunk_scores", chunk_scores_solution)
-
-# %% [markdown]
-# The naive `(k * exp(G)) @ (k * exp(-G)).mT` passes the cases with $C \le 16$, and the checker
-# reports NaN at $C \ge 32$ with gates near $-5$ in float32: this chapter's numerics section in
-# one line.
-#
-# ```{solution-end}
-# ```
-
-# %% [markdown]
-# ## Summary
-#
-# - KDA is Gated DeltaNet with a forget gate per key channel:
-#   $S_t = (I - \beta_t k_t^\top k_t)\operatorname{Diag}(\alpha_t) S_{t-1} + \beta_t k_t^\top v_t$.
-#   It is Gated DeltaNet when the gate is equal across channels and DeltaNet when it is 0
-#   (checked to round-off); the diagonal decay and the projection no longer commute, so the
-#   order is part of the definition.
-# - Its transition is diagonal plus rank one with both low-rank vectors made from the key. Against
-#   general DPLR (RWKV-7, fla's `generalized_delta_rule`) that saves, per chunk, two of the four
-#   intra-chunk score matrices, the $C \times C \times C$ product and one product each in the
-#   state pass and the outputs (8 products instead of 13), and per token two $D$-wide inputs
-#   less the one $\beta$; the chunk form costs what chunked DeltaNet costs in matrix products
-#   (the counts above).
-# - The chunk form follows from undoing the decay: a delta rule with read keys $k \odot \gamma$
-#   and write keys $k \oslash \gamma$, so $\Omega^{kk}_{ij} = \sum_d k_{id} k_{jd} e^{G_{id} - G_{jd}}$,
-#   $W = \mathcal{T}(K \odot \Gamma)$, $U = \mathcal{T}V$,
-#   $S_{[c+1]} = \operatorname{Diag}(\gamma_C) S_{[c]} + (K \odot \gamma_C \oslash \Gamma)^\top U'$,
-#   $O_{[c]} = (Q \odot \Gamma) S_{[c]} + \Omega U'$. Unlike chapter 10's, $\Omega^{kk}$ is no
-#   rescaling of $KK^\top$, so the decayed scores must be formed themselves.
-# - Formed naively, $(K \odot \Gamma)(K \oslash \Gamma)^\top$ overflows float32 once a chunk's gate sum
-#   passes about $-88$: at $g = -5$, $e^{80} \approx 5.5 \cdot 10^{34}$ over 16 tokens and `inf` over
-#   64. Sub-chunks of 16 tokens with a reference point each keep every factor bounded; Kimi K3's
-#   lower-bound gate $g = -5\sigma(\cdot)$ guarantees that bound, where Kimi Linear's softplus gate
-#   is unbounded below and needs the exact pairwise path, which `kda.chunked` switches to when a
-#   sub-chunk's sum passes `EXP_LIMIT`.
-# - `kda.chunked` equals the token loop to float64 round-off for every chunk size, is finite and
-#   within the stated bound in float32 at $T = 8192$ with gates down to $-5$, and passes
-#   `gradcheck`.
-# - On a task with two time scales, hand-set per-channel gates keep the long facts and give the
-#   short ones the decay they prefer, which no single gate per head can; the gain on the short
-#   facts is modest, and two Gated DeltaNet heads with split keys match KDA exactly here. With
-#   the same keys rotated (the channels mixed) the same gates lose the long facts: per-channel
-#   gates help when the key projection aligns lifetimes with channels, which a trained $W_k$
-#   must learn. With the gates learned, KDA found the split from both initialisations, while Gated DeltaNet's
-#   single gate ended in whichever of its two optima the initialisation pointed to.
-#
-# - The Triton kernels of both gated rules are chapter 9's three stages with the gate added where
-#   a term crosses tokens (the decayed $KK^\top$ and $W$, the decay of the state and of the
-#   written keys, the decayed queries and scores); KDA's forms its scores sub-chunk by
-#   sub-chunk as `pair_scores` does. Under the interpreter they match the float64 loops to
-#   float32 round-off in the exact mode and within bf16's rounding in the production mode, gate
-#   stress included, and they compile for sm_90 without spills in the bf16 mode.
-#
 # **Next.** Chapter 12 builds the KDA layer around this operator: the projections, the short
 # convolution, the gate, the output norm and gate, and decoding with a cached state.
 
