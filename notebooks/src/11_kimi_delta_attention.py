@@ -410,6 +410,9 @@ kda_model = cost.chunked_delta_rule_flops(C_, D_, C_)  # chapter 8's count, one 
 print(f"KDA's count {flops['KDA']:,.0f}, chapter 8's DeltaNet count {kda_model:,.0f}: "
       f"|difference| {abs(flops['KDA'] - kda_model):.0f}; "
       f"DPLR / KDA flops: {flops['DPLR'] / flops['KDA']:.2f}x")
+report = C_ * (6 * D_**2 + 3 * C_ * D_ + C_**2)  # the Kimi Linear report's count, T = C
+print(f"the Kimi Linear report's count 6Td² + 3TCd + TC², one chunk: {report / 1e9:.4f} "
+      f"GFLOP, {1 - report / kda_model:.0%} below chapter 8's")
 d_model, heads = 2304, 32  # Kimi Linear 48B's KDA layers
 extra = 2 * d_model * D_ * heads
 print(f"two more D-wide projections per head (a and b) at Kimi Linear's width "
@@ -422,6 +425,13 @@ print(f"two more D-wide projections per head (a and b) at Kimi Linear's width "
 # It also keeps the transition's eigenvalues in $[0, 1]$ for unit keys: the rank-one part of
 # a DPLR transition can point anywhere, KDA's is the projection chapter 5 analysed, scaled by the
 # decay.
+#
+# The Kimi Linear report gives its own count, $6Td^2 + 3TCd + TC^2$ (its Eq. 13), below this
+# one by the share printed: the two agree on the state products, $6Td^2$, and differ in the
+# $C$-wide terms, where this chapter counts each product of the forward kernels listed above at
+# $2mkn$ flops. The report measures DPLR's kernel at about twice KDA's time (its Fig. 2), more
+# than the flop ratio here: DPLR also reads half again as many numbers per token and forms twice
+# as many score matrices.
 
 # %% [markdown]
 # ## Numerics: what shapes every KDA kernel
