@@ -309,8 +309,9 @@ for name, Tg in (("diag(γ) 𝒯 diag(γ)⁻¹", T_rescaled),
           f"max error of the finite ones {err:.1e}")
 W_plain = gamma32[:, None] * (T32 @ K32)  # diag(γ) 𝒯 K: no division by γ
 W_ref = T_ref @ (G64.exp()[:, None] * K64)  # 𝒯_Γ diag(γ) K in float64
-print(f"W = diag(γ) 𝒯 K in float32: {(~torch.isfinite(W_plain)).sum().item()} entries not "
-      f"finite, max error {max_diff(W_plain, W_ref):.1e}")
+n_bad = (~torch.isfinite(W_plain)).sum().item()
+print(f"W = diag(γ) 𝒯 K in float32: {n_bad} entries not finite, "
+      f"max error {max_diff(W_plain, W_ref):.1e}")
 
 # %% [markdown]
 # The rescaled form is not finite wherever it divides by a $\gamma_j$ that underflowed to 0 (the

@@ -411,8 +411,8 @@ print(f"KDA's count {flops['KDA']:,.0f}, chapter 8's DeltaNet count {kda_model:,
       f"|difference| {abs(flops['KDA'] - kda_model):.0f}; "
       f"DPLR / KDA flops: {flops['DPLR'] / flops['KDA']:.2f}x")
 report = C_ * (6 * D_**2 + 3 * C_ * D_ + C_**2)  # the Kimi Linear report's count, T = C
-print(f"the Kimi Linear report's count 6Td² + 3TCd + TC², one chunk: {report / 1e9:.4f} "
-      f"GFLOP, {1 - report / kda_model:.0%} below chapter 8's")
+print(f"the Kimi Linear report's count 6Td² + 3TCd + TC², one chunk: "
+      f"{report / 1e9:.4f} GFLOP, {1 - report / kda_model:.0%} below chapter 8's")
 d_model, heads = 2304, 32  # Kimi Linear 48B's KDA layers
 extra = 2 * d_model * D_ * heads
 print(f"two more D-wide projections per head (a and b) at Kimi Linear's width "
@@ -835,8 +835,9 @@ with torch.no_grad():
                                       beta1.expand(-1, 2, -1).contiguous(), g_two)
     g_kda[..., n_long:] = -0.03
     o1, S1 = kda.chunked(q, k, v, beta1, g_kda)
-    # control: the same facts, keys and queries rotated by a random orthogonal matrix (the
-    # same information, each lifetime spread over every channel), the same per-channel gates
+    # control: the same facts, keys and queries rotated by a random orthogonal
+    # matrix (the same information, each lifetime spread over every channel),
+    # the same per-channel gates
     R = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(7),
                                     dtype=torch.float64)).Q
     q_rot, k_rot = q @ R, k @ R

@@ -387,9 +387,10 @@ dims = dict(H=spec.n_head, r=spec.kv_lora_rank, dn=spec.qk_nope_head_dim,
 for T_ in (4096, 131072):
     (fe, be), (fa, ba), (fn, _) = (decode_cost(T_, **dims, form=f_) for f_ in
                                    ("expanded cache", "absorbed", "naive"))
-    print(f"T = {T_:>7,}, per step and layer: absorbed {fa / fe:.1f}x the flops of the "
-          f"expanded cache ({fa / 1e9:.2f} against {fe / 1e9:.2f} GFLOP) and "
-          f"{be / ba:.0f}x fewer bytes read; naive {fn / fa:.0f}x the flops of absorbed")
+    print(f"T = {T_:>7,}, per step and layer: absorbed {fa / fe:.1f}x the flops of "
+          f"the expanded cache ({fa / 1e9:.2f} against {fe / 1e9:.2f} GFLOP) and "
+          f"{be / ba:.0f}x fewer bytes read; naive {fn / fa:.0f}x the flops of "
+          f"absorbed")
 r_, dn_, dr_, dv_ = dims["r"], dims["dn"], dims["dr"], dims["dv"]
 prefill_ratio = (2 * r_ + dr_) / (dn_ + dr_ + dv_)  # per query-key pair, per head
 print(f"prefill (T queries): absorbed attention costs {prefill_ratio:.1f}x the flops "

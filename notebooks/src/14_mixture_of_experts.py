@@ -200,8 +200,9 @@ def experts_differ(a, b):
     return (a.sort(-1).values != b.sort(-1).values).any(-1).sum().item()
 
 
-print(f"my router against moe.route: experts differ for {experts_differ(idx_mine, idx_lib)} "
-      f"of {N} tokens, max |weight diff| {max_diff(w_mine, w_lib):.1e}")
+n_differ = experts_differ(idx_mine, idx_lib)
+print(f"my router against moe.route: experts differ for {n_differ} of {N} tokens, "
+      f"max |weight diff| {max_diff(w_mine, w_lib):.1e}")
 print(f"each token's weights sum to rho = {rho}: "
       f"max |sum - rho| {max_diff(w_mine.sum(-1), torch.full((N,), rho)):.1e}")
 router = moe.Router(d, E, k, routed_scaling_factor=rho)  # the module: W_r and the bias
