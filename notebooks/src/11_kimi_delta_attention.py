@@ -355,7 +355,8 @@ for name, G_ in (("one gate per head", G_s[:, :1].expand(-1, Dk)),
 # %% [markdown]
 # With one gate the ratio is rank one to round-off; with a gate per channel it is not, and the
 # kernel must form the decayed scores $\Omega^{kk}$ and $\Omega$ themselves, one sum over $d$ with a
-# different decay in every term. How to do that in float32 without overflow is the next section.
+# different decay in every term. How to do that in float32 without overflow comes after the
+# count of what the tie saves.
 #
 # **The lib's version.** `tinyk3.ops.kda.chunked` runs these equations for all chunks at once,
 # in chapter 8's four stages, with chapter 8's `state_pass` given one decay factor per row of
