@@ -107,3 +107,21 @@ def test_recurrent_read_is_what_pytorch_counts():
     q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
     f = cost.recurrent_linear_attention_flops(T, D)
     assert 2 * _counted(la.recurrent, q, k, v) == B * H * f.state
+
+
+@pytest.mark.parametrize("C, D", [(64, 128), (16, 32), (32, 64)])
+def test_kda_chunk_products_cost_what_chunked_deltanet_costs(C, D):
+    # two counts written separately: fla's KDA kernels' products, chapter 8's op's
+    kda = cost.chunk_products("KDA", C, D)
+    flops = sum(2 * m * k * n for _, m, k, n in kda) + C**3 / 3
+    assert flops == pytest.approx(cost.chunked_delta_rule_flops(C, D, C), rel=1e-15)
+
+
+def test_dplr_chunk_products_form_four_scores_where_kda_forms_two():
+    C, D = 64, 128
+    scores = {rule: [p for p in cost.chunk_products(rule, C, D) if p[1:] == (C, D, C)]
+              for rule in ("DPLR", "KDA")}
+    assert (len(scores["DPLR"]), len(scores["KDA"])) == (4, 2)
+    assert (len(cost.chunk_products("DPLR", C, D)), len(cost.chunk_products("KDA", C, D))) == (13, 8)
+    with pytest.raises(ValueError, match="rule must be"):
+        cost.chunk_products("RWKV", C, D)

@@ -201,3 +201,24 @@ def test_formulas_on_edge_cases():
     assert memory.min_crosstalk_std(24, 8) == pytest.approx(math.sqrt(2))
     with pytest.raises(ValueError, match="positive ints"):
         memory.random_key_crosstalk_std(0, 8)
+
+
+def test_two_time_scales_puts_each_lifetime_in_its_own_channels():
+    from tinyk3.memory import two_time_scales
+
+    task = two_time_scales(3, 40, seed=5, n_long=8, Dk=16, Dv=4, max_lag=3)
+    q, k, v, src, at, n_long = task
+    assert q.shape == k.shape == (3, 1, 48, 16) and v.shape == (3, 1, 48, 4) and n_long == 8
+    long, stream = k[:, 0, :8], k[:, 0, 8:]
+    eye = torch.eye(8, dtype=torch.float64).expand(3, 8, 8)
+    assert torch.allclose(long[..., :8] @ long[..., :8].mT, eye, atol=1e-12)
+    assert long[..., 8:].abs().max() == 0 and stream[..., :8].abs().max() == 0
+    assert torch.allclose(stream.norm(dim=-1), torch.ones(3, 40, dtype=torch.float64))
+    assert torch.allclose(v.norm(dim=-1), torch.ones(3, 1, 48, dtype=torch.float64))
+    lag = at - src
+    assert ((lag >= 1) & (lag <= 3)).all() and (src >= 8).all()
+    assert torch.equal(q[:, 0, at], k[:, 0, src])  # each scored query is an earlier key
+    again = two_time_scales(3, 40, seed=5, n_long=8, Dk=16, Dv=4, max_lag=3)
+    assert all(torch.equal(a, b) for a, b in zip(task[:5], again[:5]))
+    with pytest.raises(ValueError, match="fewer channels"):
+        two_time_scales(1, 4, seed=0, n_long=16, Dk=16)

@@ -187,7 +187,7 @@ def test_the_repository_url_is_written_in_one_place():
             holders.add(name)
     # the notebooks' setup cells are generated from _config.yml by tools/setup_cell.py
     # (tests/test_notebooks.py checks that they agree); nothing else may spell it
-    others = {h for h in holders if not re.fullmatch(r"notebooks/(src/)?\d\d_\w+\.(ipynb|py)", h)}
+    others = {h for h in holders if not re.fullmatch(r"notebooks/(src/)?(\d\d|A\d)_\w+\.(ipynb|py)", h)}
     assert others == {"_config.yml"}, others
 
 

@@ -153,3 +153,24 @@ def test_randomise_draws_each_kind_of_parameter_by_its_rule():
     assert m.inv_freq.tolist() == [0, 1, 2]  # other buffers untouched
     with pytest.raises(TypeError, match="nn.Module"):
         randomise_(torch.zeros(3))
+
+
+def _square_old(x):
+    y = x * x
+    return y
+
+
+def _square_new(x):
+    y = x * x
+    y = y + 0  # a new line
+    return y
+
+
+def test_source_diff_counts_and_shows_only_changed_lines():
+    from tinyk3.notebook import source_diff
+
+    text = source_diff(_square_old, _square_new, "old", "new").splitlines()
+    assert text[0] == "new: 4 lines, 2 added, 1 removed (old: 3 lines)"
+    assert "-def _square_old(x):" in text and "+def _square_new(x):" in text
+    assert "+    y = y + 0  # a new line" in text
+    assert not any(line.startswith(("@@", " ")) for line in text[1:])  # changes only

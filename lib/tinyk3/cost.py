@@ -37,6 +37,7 @@ __all__ = [
     "recurrent_linear_attention_flops",
     "parallel_linear_attention_flops",
     "chunked_delta_rule_flops",
+    "chunk_products",
     "sdpa_flops",
 ]
 
@@ -136,6 +137,33 @@ def chunked_delta_rule_flops(T: int, Dk: int, C: int, *, Dv: int | None = None) 
     per_chunk = (2 * C * C * Dk + C**3 / 3 + 2 * C * C * (Dk + Dv) + 2 * C * C * Dk
                  + 3 * 2 * C * Dk * Dv + 2 * C * C * Dv)
     return n_chunks * per_chunk
+
+
+def chunk_products(rule: str, C: int, D: int) -> list[tuple[str, int, int, int]]:
+    """The matrix products ``(name, m, k, n)`` one forward pass issues per chunk of ``C`` tokens
+    and per head (``Dk = Dv = D``), as fla's forward kernels issue them (chapter 11).
+
+    ``"DPLR"`` (``fla/ops/generalized_delta_rule/dplr``): four ``C × C`` scores ``A_qk, A_qb,
+    A_ak, A_ab`` (``chunk_A_fwd``), the inverse of ``I + A_ab`` multiplied into ``A_ak`` and
+    into the decayed ``a``, the state pass's ``w S``, ``k_gᵀ v`` and ``b_gᵀ v₂`` (``chunk_h_fwd``)
+    and the outputs' ``q_g S``, ``A_qk v`` and ``A_qb v₂`` (``chunk_o_fwd``). ``"KDA"``
+    (``fla/ops/kda``): two scores ``A_kk, A_qk`` (``chunk_intra``), since both low-rank vectors
+    of its transition are the key, then chapter 8's products. The triangular inverse (``C³/3``
+    flops, both rules) is not a product and is not listed.
+    """
+    C, D = _positive_int(C, "C"), _positive_int(D, "D")
+    if rule == "DPLR":
+        return ([(f"A_{x}", C, D, C) for x in ("qk", "qb", "ak", "ab")]
+                + [("A_ab⁻¹ A_ak", C, C, C), ("w = A_ab⁻¹ a_g", C, C, D),
+                   ("u = (A_ab⁻¹ A_ak) v", C, C, D)]
+                + [("w S", C, D, D), ("k_gᵀ v", D, C, D), ("b_gᵀ v₂", D, C, D)]
+                + [("q_g S", C, D, D), ("A_qk v", C, C, D), ("A_qb v₂", C, C, D)])
+    if rule == "KDA":
+        return ([("A_kk", C, D, C), ("A_qk", C, D, C)]
+                + [("w = 𝒯 (K⊙Γ)", C, C, D), ("u = 𝒯 V", C, C, D)]
+                + [("w S", C, D, D), ("k_gᵀ u'", D, C, D)]
+                + [("q_g S", C, D, D), ("A_qk u'", C, C, D)])
+    raise ValueError(f"chunk_products: rule must be 'DPLR' or 'KDA', got {rule!r}")
 
 
 def sdpa_flops(T: int, D: int) -> float:

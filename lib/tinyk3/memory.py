@@ -17,12 +17,14 @@ independent, zero-mean and of unit variance, and independent of the keys.
 * :func:`read`, :func:`relative_error`, :func:`recall_accuracy`: reading back and scoring;
 * :func:`crosstalk_std` (given the keys), :func:`random_key_crosstalk_std` (random unit keys),
   :func:`min_crosstalk_std` (the best unit keys: the Welch bound);
-* key sets: :func:`random_unit_keys`, :func:`orthonormal_keys`, :func:`harmonic_frame`.
+* key sets: :func:`random_unit_keys`, :func:`orthonormal_keys`, :func:`harmonic_frame`;
+* :func:`two_time_scales`: chapter 11's task, long- and short-lived facts in one head.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -40,6 +42,8 @@ __all__ = [
     "random_unit_keys",
     "orthonormal_keys",
     "harmonic_frame",
+    "TwoScaleTask",
+    "two_time_scales",
 ]
 
 
@@ -201,3 +205,55 @@ def harmonic_frame(n_pairs: int, dim: int, *, dtype: torch.dtype = torch.float32
     angle = 2 * math.pi * n * m / n_pairs  # [N, D/2]
     k = torch.cat([angle.cos(), angle.sin()], dim=-1) * math.sqrt(2 / dim)  # [N, D]
     return k.to(dtype)
+
+
+# -- chapter 11: two time scales in one head ----------------------------------------------------
+
+class TwoScaleTask(NamedTuple):
+    """``q, k, v [B, 1, T, D]`` (one head, ``T = n_long + n_stream``); query ``i`` of
+    ``at`` asks for the value of token ``src[i]``; the first ``n_long`` tokens are the long facts,
+    written into key channels ``0 .. n_long-1``."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    src: torch.Tensor
+    at: torch.Tensor
+    n_long: int
+
+
+def two_time_scales(batch: int, n_stream: int, *, seed: int, n_long: int = 16, Dk: int = 32,
+                    Dv: int = 16, max_lag: int = 4,
+                    dtype: torch.dtype = torch.float64) -> TwoScaleTask:
+    """Long- and short-lived facts in one head (chapter 11's experiment).
+
+    ``n_long`` long facts come first, with orthonormal keys in key channels ``0 .. n_long-1``
+    (recalled from the final state, not by a query). Then ``n_stream`` short facts, random unit
+    keys in the other channels; at stream token ``t`` the query is the key of stream token
+    ``t − ℓ_t``, ``ℓ_t`` uniform in ``1 .. max_lag``, while token ``t`` writes its own pair.
+    Queries that would reach before the stream (the first tokens of it) are not scored: they
+    are left out of ``src``/``at``. Values are random unit vectors. Deterministic in ``seed``."""
+    op = "memory.two_time_scales"
+    batch, n_stream = positive_int(batch, "batch", op), positive_int(n_stream, "n_stream", op)
+    n_long, Dk = positive_int(n_long, "n_long", op), positive_int(Dk, "Dk", op)
+    Dv, max_lag = positive_int(Dv, "Dv", op), positive_int(max_lag, "max_lag", op)
+    if n_long >= Dk:
+        raise ValueError(f"{op}: the long facts need fewer channels than Dk = {Dk}, "
+                         f"got n_long = {n_long}")
+    gen = torch.Generator().manual_seed(seed)
+    T = n_long + n_stream
+    k = torch.zeros(batch, T, Dk, dtype=dtype)
+    k[:, :n_long, :n_long] = orthonormal_keys(n_long, n_long, batch=batch, generator=gen,
+                                              dtype=dtype)
+    stream = torch.randn(batch, n_stream, Dk - n_long, generator=gen, dtype=dtype)
+    k[:, n_long:, n_long:] = torch.nn.functional.normalize(stream, dim=-1)
+    v = torch.randn(batch, T, Dv, generator=gen, dtype=dtype)
+    v = torch.nn.functional.normalize(v, dim=-1)
+    lag = torch.randint(1, max_lag + 1, (n_stream,), generator=gen)
+    t = torch.arange(n_stream)
+    src = n_long + (t - lag).clamp_min(0)  # the token whose key is asked for
+    q = torch.zeros_like(k)
+    q[:, n_long:] = k[:, src]
+    asked = t >= lag  # queries that reach back into the stream
+    return TwoScaleTask(*(x.unsqueeze(1) for x in (q, k, v)), src[asked], n_long + t[asked],
+                        n_long)

@@ -90,3 +90,22 @@ def show_source(obj) -> None:
     from IPython.display import Code, display
 
     display(Code(inspect.getsource(obj), language="python"))
+
+
+def source_diff(old, new, old_name: str, new_name: str) -> str:
+    """The changed lines between the sources of two functions: ``-`` lines are ``old``'s,
+    ``+`` lines ``new``'s, unchanged lines left out, after a count of each.
+
+    The chapters use it to show what a new rule changes in an older one (chapter 10's chunk
+    step against chapter 8's, the gated kernels against chapter 9's)."""
+    import difflib
+    import inspect
+
+    a, b = (inspect.getsource(f).splitlines() for f in (old, new))
+    lines = list(difflib.unified_diff(a, b, old_name, new_name, n=0, lineterm=""))
+    body = [x for x in lines[2:] if not x.startswith("@@")]
+    plus = sum(x.startswith("+") for x in body)
+    minus = sum(x.startswith("-") for x in body)
+    head = (f"{new_name}: {len(b)} lines, {plus} added, {minus} removed "
+            f"({old_name}: {len(a)} lines)")
+    return "\n".join([head, *body])

@@ -70,8 +70,6 @@ NOTEBOOK_START = time.perf_counter()
 SMOKE = False  # True: tiny sizes, for CI and the impatient
 
 # %%
-import difflib
-import inspect
 import math
 from functools import partial
 
@@ -376,10 +374,8 @@ def gated_chunk_step(q_c, k_c, v_c, beta_c, g_c, S):
     return o, U_new, S_next
 
 
-old, new = (inspect.getsource(f).splitlines()
-            for f in (delta_chunk_step, gated_chunk_step))
-diff = difflib.unified_diff(old, new, "chapter 8", "chapter 10", n=0, lineterm="")
-print("\n".join(line for line in diff if not line.startswith("@@")))
+print(tinyk3.notebook.source_diff(delta_chunk_step, gated_chunk_step, "chapter 8",
+                                  "chapter 10"))
 
 # %% [markdown]
 # The diff is the whole change: the cumulative decay, $\Gamma$ in two products, $\gamma$ on the
