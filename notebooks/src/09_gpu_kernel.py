@@ -1258,7 +1258,9 @@ else:
 # **Next.** Chapter 10 adds a forgetting gate: Gated DeltaNet multiplies the state by a decay
 # $\alpha_t$ at every step, $S_t = \alpha_t (I - \beta_t k_t^\top k_t) S_{t-1} + \beta_t k_t^\top v_t$. The
 # chunked form keeps the stages of this chapter but every product inside a chunk gains a decay mask,
-# and a published formula that forgot it is measurably wrong.
+# and a published formula that forgot it is measurably wrong. This chapter's kernels with the gates
+# of chapters 10 and 11 added are read in an optional appendix,
+# [the gated rules as Triton kernels](A1_gated_kernels.ipynb).
 
 # %%
 print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")

@@ -93,7 +93,7 @@ TRAIN_STEPS = 10 if SMOKE else 120  # steps of each trained-gate run
 
 
 def kda_inputs(B, H, T, Dk, Dv, seed, *, low=-5.0, dtype=torch.float64):
-    """Unit q and k, normal v, β in (0, 1), and gates g = low · sigmoid(x), x ~ N(0, 2²),
+    """Unit q and k, normal v, β in (0, 1), gates g = low · sigmoid(x), x ~ N(0, 2²),
     as K3's lower-bound gate makes them: in (low, 0), many near either end."""
     gen = torch.Generator().manual_seed(seed)
     q = F.normalize(torch.randn(B, H, T, Dk, generator=gen, dtype=dtype), dim=-1)
@@ -161,12 +161,12 @@ g_head = g[..., 0]  # one gate per token and head                      [B, H, T]
 g_same = g_head.unsqueeze(-1).expand(-1, -1, -1, Dk)  # copied to every channel
 o_kda, S_kda = kda.recurrent(q, k, v, beta, g_same, initial_state=S0)
 o_gdn, S_gdn = gated_delta_rule.recurrent(q, k, v, beta, g_head, initial_state=S0)
-print(f"one gate for all channels vs gated_delta_rule: |o| {max_diff(o_kda, o_gdn):.1e}, "
-      f"|S_T| {max_diff(S_kda, S_gdn):.1e}")
+print(f"one gate for all channels vs gated_delta_rule: |o| "
+      f"{max_diff(o_kda, o_gdn):.1e}, |S_T| {max_diff(S_kda, S_gdn):.1e}")
 o_kda, S_kda = kda.recurrent(q, k, v, beta, torch.zeros_like(g), initial_state=S0)
 o_dr, S_dr = delta_rule.recurrent(q, k, v, beta, initial_state=S0)
-print(f"g = 0 vs delta_rule:                         |o| {max_diff(o_kda, o_dr):.1e}, "
-      f"|S_T| {max_diff(S_kda, S_dr):.1e}")
+print(f"g = 0 vs delta_rule:                         |o| "
+      f"{max_diff(o_kda, o_dr):.1e}, |S_T| {max_diff(S_kda, S_dr):.1e}")
 
 # %% [markdown]
 # ## The transition: diagonal plus low rank, tied to the key
@@ -265,7 +265,7 @@ print(f"KDA as DPLR against kda.recurrent: max |o| diff {max_diff(o_dplr, o_lib)
 def pairwise_scores(X, K, G, *, strict, naive=False):
     """P_ij = Σ_d x_id k_jd exp(G_id − G_jd) for j ≤ i (j < i if strict), 0 above.
     X, K, G: [..., C, Dk]. The pairs above the diagonal are set to −inf before exp.
-    naive: exp(G_i − G_j) as exp(G_i) · exp(−G_j), one product (the numerics section)."""
+    naive: exp(G_i − G_j) as exp(G_i) · exp(−G_j), one product (see the numerics)."""
     if naive:
         return ((X * torch.exp(G)) @ (K * torch.exp(-G)).mT).tril(-1 if strict else 0)
     C = G.shape[-2]
@@ -352,7 +352,8 @@ tinyk3.notebook.show_source(kda.chunked)
 # %%
 C_, D_ = 64, 128  # Kimi Linear's and K3's head size, a GPU chunk size
 print(f"per chunk of C = {C_}, D = {D_}, one head, forward:")
-print(f"{'':>6s} {'inputs/token':>13s} {'C×C scores':>11s} {'products':>9s} {'GFLOP':>8s}")
+print(f"{'':>6s} {'inputs/token':>13s} {'C×C scores':>11s} {'products':>9s} "
+      f"{'GFLOP':>8s}")
 flops = {}
 for rule, inputs in (("DPLR", 6 * D_), ("KDA", 4 * D_ + 1)):
     prods = cost.chunk_products(rule, C_, D_)
@@ -362,7 +363,8 @@ for rule, inputs in (("DPLR", 6 * D_), ("KDA", 4 * D_ + 1)):
           f"{flops[rule] / 1e9:8.4f}")
 kda_model = cost.chunked_delta_rule_flops(C_, D_, C_)  # chapter 8's count, one chunk
 print(f"KDA's count against chapter 8's DeltaNet count: |difference| "
-      f"{abs(flops['KDA'] - kda_model):.0f}; DPLR / KDA: {flops['DPLR'] / flops['KDA']:.2f}x")
+      f"{abs(flops['KDA'] - kda_model):.0f}; "
+      f"DPLR / KDA: {flops['DPLR'] / flops['KDA']:.2f}x")
 report = C_ * (6 * D_**2 + 3 * C_ * D_ + C_**2)  # the Kimi Linear report's count, T = C
 print(f"the Kimi Linear report's count 6Td² + 3TCd + TC², one chunk: "
       f"{report / 1e9:.4f} GFLOP, {1 - report / kda_model:.0%} below chapter 8's")
@@ -449,7 +451,7 @@ def sub_chunk_scores(X, K, g, s=16):
 
 
 A_sub = sub_chunk_scores(k32, k32, g_c.float())
-L_ = g_c.float().reshape(1, C // 16, 16, D_s).cumsum(2)  # the lib's [.., n, s, D] layout
+L_ = g_c.float().reshape(1, C // 16, 16, D_s).cumsum(2)  # the lib's [.., n, s, D]
 r_ = torch.cat([torch.zeros_like(L_[:, :1, -1:]), L_[:, :-1, -1:].cumsum(1)], dim=1)
 X_ = k32.reshape(1, C // 16, 16, D_s)
 A_pair = kda.pair_scores(X_, X_, L_, r_, strict=True)[0]
@@ -644,7 +646,7 @@ print("max |grad chunked - grad loop| for q, k, v, β, g, S_0: "
 
 # %%
 def recall_errors(o, S, k, v, src, at, n_long):
-    """Mean squared recall errors (tensors): the long facts (read from S_T), the stream's."""
+    """Mean squared recall errors (tensors): long facts (from S_T), streamed ones."""
     o_long = torch.einsum("bnk,bkv->bnv", k[:, 0, :n_long], S[:, 0])
     e_long = (o_long - v[:, 0, :n_long]).square().sum(-1).mean()
     return e_long, (o[:, 0, at] - v[:, 0, src]).square().sum(-1).mean()
@@ -693,7 +695,8 @@ best = {m: min(zip(G_SWEEP, results[m]), key=lambda r: sum(r[1])) for m in resul
 for m, (g_best, (e_l, e_s)) in best.items():
     print(f"best {m}: g = {g_best:g}, long {e_l:.3f}, short {e_s:.3f}, "
           f"mean {(e_l + e_s) / 2:.3f}")
-print(f"short-fact error, best KDA / best GDN: {best['KDA'][1][1] / best['GDN'][1][1]:.2f}")
+ratio = best["KDA"][1][1] / best["GDN"][1][1]
+print(f"short-fact error, best KDA / best GDN: {ratio:.2f}")
 print(f"two GDN heads (g = 0 | g = -0.03 on the halves) vs KDA with the same gates: "
       f"max |o| diff {max_diff(o2.sum(1), o1[:, 0]):.1e}")
 for name, (e_l, e_s) in controls.items():

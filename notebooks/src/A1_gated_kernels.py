@@ -22,9 +22,9 @@
 # accurate they are in both operand modes, and what the gate costs in registers on an H100,
 # compiled without one. Nothing in the chapters depends on it; it assumes chapters 9 to 11.
 #
-# **Cost.** About half a minute on one CPU core, most of it running the kernels under the Triton
-# interpreter and compiling them for sm_90 (the last cell prints the time); `SMOKE = True` runs
-# faster. Without Triton the checks say so and are skipped.
+# **Cost.** About ten seconds on one CPU core, running the kernels under the Triton interpreter
+# and compiling them for sm_90 (the last cell prints the time). Without Triton the checks say so
+# and are skipped.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
