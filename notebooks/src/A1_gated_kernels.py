@@ -70,6 +70,7 @@ from tinyk3.notebook import source_diff
 from tinyk3.ops import gated_delta_rule, kda
 from tinyk3.util import max_diff
 
+# %% [markdown]
 # ## What the gate changes, stage by stage
 #
 # Chapter 9 wrote chunkwise DeltaNet as three Triton stages: the WY factors of every chunk in
