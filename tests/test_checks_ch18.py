@@ -2,9 +2,10 @@
 wrong and right.
 
 The wrong answers are written independently of the registered Mistake functions; the
-references are tied to independent computations: the Pareto front to a brute-force comparison
-of every pair with numpy, the context budget to a search over lengths and to a model's real
-cache (``tinyk3.compare``).
+references are tied to independent computations: the cache bytes to what every mechanism's
+cache measures, the context budget to a search over lengths and to a model's real cache
+(``tinyk3.compare``); ``compare.pareto_front``, which the chapter uses, to a brute-force
+comparison of every pair with numpy.
 """
 
 from __future__ import annotations
@@ -18,49 +19,104 @@ from helpers import right, run, wrong
 from tinyk3 import checks, compare
 from tinyk3.models import LM
 
-# -- compare.pareto_front -------------------------------------------------------------------------
+# -- compare.cache_bytes ---------------------------------------------------------------------------
 
 
-@wrong("compare.pareto_front", "strict_everywhere")
-def pf_any_better(names, costs):
-    """Removes a row only when another row is strictly better on every cost."""
-    keep = []
-    for i, c in enumerate(costs):
-        if not any(all(a < b for a, b in zip(o, c)) for j, o in enumerate(costs) if j != i):
-            keep.append(names[i])
-    return keep
+@wrong("compare.cache_bytes", "keys_only")
+def cb_keys(cfg, nbytes):
+    per = {"softmax": cfg.n_embd}
+    total = 0
+    for spec in cfg.layer_mixers:
+        if spec.kind == "mla":
+            total += spec.kv_lora_rank + spec.qk_rope_head_dim
+        else:
+            total += per.get(spec.kind, 0)
+    return total * nbytes
 
 
-@wrong("compare.pareto_front", "ties_dominate")
-def pf_le_everywhere(names, costs):
-    out = []
-    for i, c in enumerate(costs):
-        beaten = any(all(a <= b for a, b in zip(costs[j], c)) for j in range(len(costs)) if j != i)
-        if not beaten:
-            out.append(names[i])
-    return out
+@wrong("compare.cache_bytes", "one_head")
+def cb_one_head(cfg, nbytes):
+    total = 0
+    for spec in cfg.layer_mixers:
+        if spec.kind == "softmax":
+            total += 2 * (cfg.n_embd // spec.n_head)  # one head's key and value
+        elif spec.kind == "mla":
+            total += spec.kv_lora_rank + spec.qk_rope_head_dim
+    return nbytes * total
 
 
-@wrong("compare.pareto_front", "higher_is_better")
-def pf_maximise(names, costs):
-    arr = np.array(costs, dtype=float)
-    keep = []
-    for i in range(len(arr)):
-        dom = (arr >= arr[i]).all(1) & (arr > arr[i]).any(1)
-        if not dom.any():
-            keep.append(names[i])
-    return keep
+@wrong("compare.cache_bytes", "mla_as_mha")
+def cb_mla_expanded(cfg, nbytes):
+    total = 0
+    for spec in cfg.layer_mixers:
+        if spec.kind == "softmax":
+            total += 2 * cfg.n_embd
+        elif spec.kind == "mla":  # every head's key (nope + rope) and value
+            total += spec.n_head * (spec.qk_nope_head_dim + spec.qk_rope_head_dim
+                                    + spec.v_head_dim)
+    return nbytes * total
 
 
-@wrong("compare.pareto_front", "best_per_cost")
-def pf_column_winners(names, costs):
-    arr = np.array(costs, dtype=float)
-    winners = set(arr.argmin(0).tolist())
-    return [n for i, n in enumerate(names) if i in winners]
+@wrong("compare.cache_bytes", "latent_only")
+def cb_latent(cfg, nbytes):
+    return nbytes * sum(2 * cfg.n_embd if s.kind == "softmax" else
+                        s.kv_lora_rank if s.kind == "mla" else 0 for s in cfg.layer_mixers)
 
 
-@right("compare.pareto_front")
-def pf_ok_numpy(names, costs):
+@wrong("compare.cache_bytes", "rope_if_rotated")
+def cb_rotated_only(cfg, nbytes):
+    total = 0
+    for spec in cfg.layer_mixers:
+        if spec.kind == "softmax":
+            total += 2 * cfg.n_embd
+        elif spec.kind == "mla":
+            total += spec.kv_lora_rank + (spec.qk_rope_head_dim if spec.use_rope else 0)
+    return nbytes * total
+
+
+@wrong("compare.cache_bytes", "values")
+def cb_numbers(cfg, nbytes):
+    return sum(2 * cfg.n_embd if s.kind == "softmax" else
+               s.kv_lora_rank + s.qk_rope_head_dim if s.kind == "mla" else 0
+               for s in cfg.layer_mixers)
+
+
+@right("compare.cache_bytes")
+def cb_ok_kinds(cfg, nbytes):
+    per_kind = {"softmax": lambda s: 2 * cfg.n_embd,
+                "mla": lambda s: s.kv_lora_rank + s.qk_rope_head_dim}
+    return nbytes * sum(per_kind.get(s.kind, lambda s: 0)(s) for s in cfg.layer_mixers)
+
+
+@right("compare.cache_bytes")
+def cb_ok_heads(cfg, nbytes):
+    """Head by head: each softmax head keeps a key and a value of n_embd / n_head."""
+    total = 0
+    for spec in cfg.layer_mixers:
+        if spec.kind == "softmax":
+            total += spec.n_head * 2 * (cfg.n_embd // spec.n_head)
+        elif spec.kind == "mla":
+            total += spec.kv_lora_rank + spec.qk_rope_head_dim
+    return total * nbytes
+
+
+def test_the_cache_reference_is_what_every_mechanisms_cache_measures():
+    """The formula against the bytes a real cache holds (float32), for every row at two
+    sizes, and the presets against the numbers chapters 13 and 17 print."""
+    ref = checks.EXERCISES["compare.cache_bytes"].reference
+    for name in compare.MECHANISMS:
+        for d, h in ((16, 2), (32, 4)):
+            torch.manual_seed(0)
+            model = LM(compare.tiny_config(name, vocab_size=32, d_model=d, n_head=h))
+            assert ref(model.config, 4) == compare.cache_growth(model, (8, 24)).per_token, name
+    from tinyk3.models import presets
+
+    assert ref(presets.gpt2_small(), 2) == 36_864  # 12 · 2 · 768 · 2 B
+    assert ref(presets.deepseek_v3(), 2) == 61 * 576 * 2  # 61 layers of 512 + 64
+    assert ref(presets.kimi_k3(), 2) == 27_648  # 24 MLA layers of 576, the KDA layers none
+
+
+def brute_force_front(names, costs):
     arr = np.array(costs, dtype=float)
     keep = []
     for i in range(len(arr)):
@@ -68,18 +124,6 @@ def pf_ok_numpy(names, costs):
         if not dom.any():
             keep.append(names[i])
     return keep
-
-
-@right("compare.pareto_front")
-def pf_ok_sorted(names, costs):
-    """Sort by the costs, then test each row only against the rows before it and the ties."""
-    order = sorted(range(len(costs)), key=lambda i: tuple(costs[i]))
-    kept = set()
-    for pos, i in enumerate(order):
-        if not any(all(a <= b for a, b in zip(costs[j], costs[i])) and costs[j] != costs[i]
-                   for j in order[:pos]):
-            kept.add(i)
-    return [n for i, n in enumerate(names) if i in kept]
 
 
 # -- compare.tokens_in_budget ---------------------------------------------------------------------
@@ -144,20 +188,20 @@ def test_division_by_zero_and_nan_are_reported_not_raised():
     assert result.status == "error" and "ZeroDivisionError" in result.report
     result = run("compare.tokens_in_budget", lambda *a: float("nan"))
     assert result.status == "failed" and "nan" in result.report
-    result = run("compare.pareto_front", lambda names, costs: [float("nan")])
+    result = run("compare.cache_bytes", lambda cfg, nbytes: float("nan"))
     assert result.status == "failed"
 
 
-def test_the_front_reference_equals_brute_force_on_random_tables():
+def test_the_front_equals_brute_force_on_random_tables():
     g = torch.Generator().manual_seed(0)
-    ref = checks.EXERCISES["compare.pareto_front"].reference
+    ref = compare.pareto_front
     sizes = 0
     for n, m in [(1, 1), (5, 2), (12, 3), (30, 2), (20, 4)]:
         for _ in range(10):
             costs = torch.randint(0, 5, (n, m), generator=g).tolist()
             names = [f"r{i}" for i in range(n)]
             front = ref(names, costs)
-            assert front == pf_ok_numpy(names, costs)
+            assert front == brute_force_front(names, costs)
             assert front, "a finite table always has a front"
             sizes += len(front)
     assert sizes < 5 * 10 * 20  # the front is not everything: the cases can fail a keep-all

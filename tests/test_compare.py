@@ -58,7 +58,7 @@ def test_decoding_in_pieces_equals_the_full_forward_and_counts_agree(name):
 @pytest.mark.parametrize("name,per_token,fixed_zero", [
     ("softmax", 2 * 2 * 16 * 4, True),  # K and V of every head, 2 layers, float32
     ("softmax + conv", 2 * 2 * 16 * 4, False),  # plus the convolution windows
-    ("MLA", 2 * 8 * 4, True),  # a latent of d/2 per layer (NoPE: no RoPE key)
+    ("MLA", 2 * (8 + 4) * 4, True),  # a latent of d/2 and a RoPE key of D/2 per layer
     ("KDA + MLA", 8 * 4, False),
     ("tiny K3", 8 * 4, False),
     ("linear", 0, False),

@@ -451,3 +451,48 @@ def test_short_convolution_state_errors():
     cq, ck, cv = state.conv
     with pytest.raises(ValueError, match=r"the state must be \[B, channels, K-1\] = \[2, 16, 3\]"):
         layer(_x(T=1), state._replace(conv=ConvState(cq[:, :, :2], ck, cv)))
+
+
+def test_softmax_attention_with_rope_is_llamas_attention():
+    """RoPE attention (the rows of chapter 18) against transformers' Llama attention with
+    biases, the same weights; then decoded in pieces through the cache."""
+    from transformers import LlamaConfig
+    from transformers.models.llama import modeling_llama as ml
+
+    from tinyk3.layers import SoftmaxAttentionConfig
+
+    torch.manual_seed(0)
+    d, H, T = 16, 2, 11
+    cfg = LlamaConfig(hidden_size=d, num_attention_heads=H, num_key_value_heads=H,
+                      attention_bias=True, rope_theta=10000.0, intermediate_size=32,
+                      num_hidden_layers=1, vocab_size=10, max_position_embeddings=64)
+    cfg._attn_implementation = "eager"
+    ref_layer = ml.LlamaAttention(cfg, layer_idx=0).eval()
+    ours = SoftmaxAttentionConfig(n_head=H, rope=True).build(d)
+    ours.load_state_dict(ref_layer.state_dict())  # the same names: q, k, v, o with biases
+    x = torch.randn(2, T, d)
+    cos, sin = ml.LlamaRotaryEmbedding(cfg)(x, torch.arange(T)[None].expand(2, -1))
+    mask = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(2, 1, T, T)
+    with torch.no_grad():
+        ref, _ = ref_layer(x, position_embeddings=(cos, sin), attention_mask=mask)
+        full, _ = ours(x)
+        a, state = ours(x[:, :4])
+        b, state = ours(x[:, 4:5], state)
+        c, _ = ours(x[:, 5:], state)
+    assert (full - ref).abs().max() < 1e-5  # float32
+    assert (torch.cat([a, b, c], dim=1) - ref).abs().max() < 1e-5
+    plain = SoftmaxAttentionConfig(n_head=H).build(d)
+    plain.load_state_dict(ref_layer.state_dict())
+    with torch.no_grad():
+        assert (plain(x)[0] - ref).abs().max() > 1e-2  # RoPE changes the outputs
+
+
+def test_softmax_attention_rope_config_is_checked():
+    from tinyk3.layers import SoftmaxAttentionConfig
+
+    with pytest.raises(TypeError, match="rope must be True or False"):
+        SoftmaxAttentionConfig(n_head=2, rope=1)
+    with pytest.raises(ValueError, match="rope_theta must be positive"):
+        SoftmaxAttentionConfig(n_head=2, rope=True, rope_theta=0)
+    with pytest.raises(ValueError, match="head size must be even"):
+        SoftmaxAttentionConfig(n_head=2, rope=True).build(6)

@@ -3,7 +3,8 @@ language model, and the measurements taken of each (chapter 18).
 
 :func:`tiny_config` builds the model of one mechanism: the same width, number of layers,
 feed-forward (SwiGLU), norm (RMSNorm), untied head and no learned positions for every
-mechanism, so that only the token mixer differs (and, for the tiny Kimi K3, what K3 changes
+mechanism (the attention-only rows rotate their queries and keys, RoPE), so that only the
+token mixer differs (and, for the tiny Kimi K3, what K3 changes
 around it: attention residuals, a latent mixture of experts, SiTU-GLU). :func:`prefill` feeds
 a model random tokens through its cache, :func:`cache_growth` splits the cache's bytes into a
 fixed part and a part per token of context, and :func:`decode_step_seconds` times one decoded
@@ -31,7 +32,8 @@ from .models import LM, LMCache, LMConfig
 from .timing import Timing, time_fn
 
 __all__ = ["MECHANISMS", "CHAPTERS", "tiny_config", "prefill", "cache_growth",
-           "CacheGrowth", "decode_step_seconds", "decode_times", "absorb_mla"]
+           "CacheGrowth", "decode_step_seconds", "decode_times", "absorb_mla",
+           "cache_bytes_per_token", "pareto_front"]
 
 @dataclass(frozen=True)
 class _Parts:
@@ -44,10 +46,14 @@ class _Parts:
     chunk_size: int
 
     @property
-    def mla(self) -> dict:  # NoPE MLA with a latent of d_model // 2
+    def mla(self) -> dict:  # NoPE MLA with a latent of d_model // 2 (a hybrid's, Kimi's)
         return dict(n_head=self.n_head, kv_lora_rank=self.d_model // 2,
                     qk_nope_head_dim=self.head_dim, qk_rope_head_dim=0,
                     v_head_dim=self.head_dim, use_rope=False)
+
+    @property
+    def mla_rope(self) -> dict:  # DeepSeek's: plus a shared RoPE key of head_dim // 2
+        return dict(self.mla, qk_rope_head_dim=self.head_dim // 2, use_rope=True)
 
     def kda(self, **kw) -> KDAConfig:
         return KDAConfig(n_head=self.n_head, head_dim=self.head_dim, chunk_size=self.chunk_size,
@@ -73,15 +79,16 @@ def _tiny_k3(p: _Parts) -> dict:
 # name -> (the chapter that builds its mixer, the LMConfig fields its tiny model sets), in the
 # order the course meets them; adding a mechanism is one line here
 _MECHANISMS = {
-    "softmax": (1, lambda p: p.every_layer(SoftmaxAttentionConfig(n_head=p.n_head))),
-    "softmax + conv": (5, lambda p: p.every_layer(SoftmaxAttentionConfig(n_head=p.n_head,
-                                                                         conv_size=4))),
+    "softmax": (1, lambda p: p.every_layer(SoftmaxAttentionConfig(n_head=p.n_head,
+                                                                  rope=True))),
+    "softmax + conv": (5, lambda p: p.every_layer(SoftmaxAttentionConfig(
+        n_head=p.n_head, conv_size=4, rope=True))),
     "linear": (3, lambda p: p.every_layer(LinearAttentionConfig(n_head=p.n_head, conv_size=4))),
     "DeltaNet": (5, lambda p: p.every_layer(DeltaNetConfig(n_head=p.n_head, conv_size=4))),
     "Gated DeltaNet": (10, lambda p: p.every_layer(GatedDeltaNetConfig(
         n_head=p.n_head, head_dim=p.head_dim, chunk_size=p.chunk_size))),
     "KDA": (12, lambda p: p.every_layer(p.kda())),
-    "MLA": (13, lambda p: p.every_layer(MLAConfig(**p.mla))),
+    "MLA": (13, lambda p: p.every_layer(MLAConfig(**p.mla_rope))),
     "KDA + MLA": (15, lambda p: p.last_layer(p.kda(), MLAConfig(**p.mla))),
     "tiny K3": (17, _tiny_k3),
 }
@@ -95,10 +102,13 @@ def tiny_config(name: str, *, vocab_size: int, d_model: int = 64, n_head: int = 
 
     Every mechanism gets ``n_layer`` layers of width ``d_model`` with ``n_head`` heads of
     ``d_model // n_head`` channels, a SwiGLU feed-forward of twice the width, RMSNorm, an
-    untied head and no learned positions (so the model runs at any context; order comes from
-    causality and, where a mixer has one, its short convolution):
+    untied head and no learned positions (so the model runs at any context). Order comes from
+    causality, from the short convolution where a mixer has one, and in the attention-only
+    models from RoPE on queries and keys (chapter 13), which a model without any of these
+    would lack entirely:
 
-    * ``"softmax"``: GPT-2's attention (chapter 1), no convolution.
+    * ``"softmax"``: GPT-2's attention (chapter 1) with RoPE in place of GPT-2's learned
+      positions (which would not run at any context), no convolution.
     * ``"softmax + conv"``: the same with a 4-tap causal convolution on q, k, v, the one
       the linear mixers carry (chapter 5; built into the layers of chapter 12), so that the
       two softmax rows separate what the convolution does from what attention does.
@@ -106,10 +116,11 @@ def tiny_config(name: str, *, vocab_size: int, d_model: int = 64, n_head: int = 
       (chapter 5), each with the 4-tap convolution.
     * ``"Gated DeltaNet"``, ``"KDA"``: the layers of chapters 10 and 12 (their convolution is
       built in), chunks of ``chunk_size``.
-    * ``"MLA"``: NoPE multi-head latent attention (chapter 13), a latent of ``d_model // 2``,
-      no convolution.
+    * ``"MLA"``: multi-head latent attention as DeepSeek builds it (chapter 13), a latent of
+      ``d_model // 2`` and a shared RoPE key of half a head, no convolution.
     * ``"KDA + MLA"``: the hybrid of chapter 15, KDA layers and an MLA layer last (with two
-      layers, one of each).
+      layers, one of each), the MLA layer without RoPE as in Kimi Linear (the KDA layer
+      below it supplies the order).
     * ``"tiny K3"``: chapter 17's changes on the hybrid: KDA with the lower-bound gate and a
       full-rank output gate, MLA with its sigmoid output gate, attention residuals with a block
       per layer, a dense SiTU-GLU first layer and then a latent mixture of experts (8 experts of
@@ -129,6 +140,40 @@ def tiny_config(name: str, *, vocab_size: int, d_model: int = 64, n_head: int = 
     fields.update(_MECHANISMS[name][1](parts))
     return LMConfig(vocab_size=vocab_size, block_size=block_size, n_embd=d_model, pos_emb=False,
                     norm="rmsnorm", tie_embeddings=False, **fields)
+
+
+def cache_bytes_per_token(cfg: LMConfig, bytes_per_value: int = 2) -> int:
+    """Bytes one more token of context adds to one sequence's decoding state, by the formulas
+    of chapters 2 and 13: a softmax layer caches a key and a value of every head
+    (``2 · n_embd`` values), an MLA layer its latent (``kv_lora_rank``) and its shared key
+    channels (``qk_rope_head_dim``, rotated or not: Kimi's NoPE MLA keeps them unrotated); a
+    recurrent layer adds nothing (its state has a fixed size). ``tests/test_compare.py`` holds
+    it equal to the measured growth of every mechanism's cache."""
+    if not isinstance(cfg, LMConfig):
+        raise TypeError(f"cache_bytes_per_token: cfg must be an LMConfig, got "
+                        f"{type(cfg).__name__}")
+    positive_int(bytes_per_value, "bytes_per_value", "cache_bytes_per_token")
+    values = 0
+    for m in cfg.layer_mixers:
+        if m.kind == "softmax":
+            values += 2 * cfg.n_embd
+        elif m.kind == "mla":
+            values += m.kv_lora_rank + m.qk_rope_head_dim
+    return values * bytes_per_value
+
+
+def pareto_front(names, costs) -> list:
+    """The names, in their given order, of the rows no other row dominates (chapter 18).
+
+    ``costs[i]`` holds numbers for ``names[i]``, every one *lower is better* (negate a measure
+    where higher is better). Row ``j`` dominates row ``i`` when it is at least as good on every
+    cost and strictly better on one; two identical rows do not dominate each other."""
+    rows = [tuple(float(x) for x in c) for c in costs]
+
+    def dominates(a, b):
+        return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
+
+    return [n for n, c in zip(names, rows) if not any(dominates(o, c) for o in rows)]
 
 
 def prefill(model: LM, length: int, *, batch_size: int = 1, piece: int = 1024,

@@ -1,103 +1,92 @@
-"""Chapter 18 exercises: reading the closing comparison. Which mechanisms no other one beats on
-every measure (the Pareto front), and the longest context whose decoding state fits a memory
-budget."""
+"""Chapter 18 exercises: reading the closing comparison. The bytes one token of context adds to
+a model's cache, from its configuration (chapters 2 and 13), and the longest context whose
+decoding state fits a memory budget."""
 
 from __future__ import annotations
 
-import torch
-
 from .core import Case, Exercise, Mistake, register
 
-# -- compare.pareto_front -------------------------------------------------------------------------
+# -- compare.cache_bytes -------------------------------------------------------------------------
 
 
-def _dominates(a, b) -> bool:
-    """``a`` is at least as good as ``b`` on every cost and better on one (costs: lower is
-    better)."""
-    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
+def _cache_cases(gen) -> list[Case]:
+    del gen
+    from ..compare import MECHANISMS, tiny_config
+    from ..models import presets
+
+    cases = []
+    for name in MECHANISMS:
+        for d, h in ((64, 2), (32, 4)):
+            cfg = tiny_config(name, vocab_size=64, d_model=d, n_head=h)
+            cases.append(Case((cfg, 4), label=f"chapter 18's {name!r} row at width {d}, "
+                                              f"{h} heads, float32"))
+    for maker, what in ((presets.gpt2_small, "GPT-2 small: 12 softmax layers"),
+                        (presets.deepseek_v3, "DeepSeek-V3: 61 MLA layers with RoPE"),
+                        (presets.kimi_linear_48b, "Kimi Linear 48B: 20 KDA and 7 NoPE MLA "
+                                                  "layers"),
+                        (presets.kimi_k3, "Kimi K3: 69 KDA and 24 NoPE MLA layers")):
+        cases.append(Case((maker(), 2), label=f"{what}, bf16"))
+    return cases
 
 
-def pareto_front(names, costs):
-    """Reference: the names, in their given order, of the rows that no other row dominates.
+def _reference_cache_bytes(cfg, bytes_per_value):
+    """Reference: :func:`tinyk3.compare.cache_bytes_per_token` (imported late: ``compare``
+    builds models, which import the layers)."""
+    from ..compare import cache_bytes_per_token
 
-    ``costs[i]`` is a sequence of numbers for ``names[i]``, every one of them *lower is better*
-    (negate a measure where higher is better). Row ``j`` dominates row ``i`` when it is at
-    least as good on every cost and strictly better on at least one; two identical rows do not
-    dominate each other, so both stay."""
-    rows = [tuple(float(x) for x in c) for c in costs]
-    return [n for n, c in zip(names, rows)
-            if not any(_dominates(other, c) for other in rows)]
+    return cache_bytes_per_token(cfg, bytes_per_value)
 
 
-def _front_cases(gen) -> list[Case]:
-    def case(names, costs, label):
-        return Case((list(names), [list(c) for c in costs]),
-                    label=f"{len(names)} rows of {len(costs[0])} costs: {label}")
-
-    def random_rows(n, m):
-        x = torch.randint(0, 6, (n, m), generator=gen).tolist()  # small ints: ties happen
-        return [f"m{i}" for i in range(n)], x
-
-    letters = list("ABCDE")
-    return [
-        case(letters[:3], [[1, 3], [2, 2], [3, 1]], "a trade-off: nobody is dominated"),
-        case(letters[:3], [[1, 1], [2, 2], [0, 3]], "B is worse than A on both"),
-        case(letters[:4], [[1, 2], [1, 2], [2, 3], [0, 5]],
-             "A and B identical: neither dominates the other"),
-        case(letters[:3], [[1, 2], [1, 3], [2, 2]], "ties on one cost: B and C are dominated"),
-        case(letters[:1], [[4.0, 1.0, 2.0]], "one row"),
-        case(letters[:5], [[0.5, 9, 1], [0.4, 9, 1], [0.6, 1, 1], [0.4, 9, 2], [9, 9, 0]],
-             "three costs, floats"),
-        case(*random_rows(8, 2), "random, 2 costs"),
-        case(*random_rows(10, 3), "random, 3 costs"),
-    ]
-
-
-def _mistake_front(kind):
-    def fn(names, costs):
-        rows = [tuple(float(x) for x in c) for c in costs]
-        if kind == "strict_everywhere":  # dominated only if strictly worse on every cost
-            dom = lambda a, b: all(x < y for x, y in zip(a, b))  # noqa: E731
-        elif kind == "ties_dominate":  # ≤ everywhere, nothing strict: twins remove each other
-            dom = lambda a, b: all(x <= y for x, y in zip(a, b))  # noqa: E731
-            return [n for i, (n, c) in enumerate(zip(names, rows))
-                    if not any(dom(o, c) for j, o in enumerate(rows) if j != i)]
-        elif kind == "higher_is_better":
-            dom = lambda a, b: _dominates(b, a)  # noqa: E731
-        elif kind == "best_per_cost":  # the winners of each column
-            best = {min(range(len(rows)), key=lambda i: rows[i][k]) for k in range(len(rows[0]))}
-            return [n for i, n in enumerate(names) if i in best]
-        else:
-            raise ValueError(kind)
-        return [n for n, c in zip(names, rows) if not any(dom(o, c) for o in rows)]
+def _mistake_cache(kind):
+    def fn(cfg, bytes_per_value):
+        values = 0
+        for m in cfg.layer_mixers:
+            if m.kind == "softmax":
+                values += {"keys_only": cfg.n_embd,
+                           "one_head": 2 * cfg.n_embd // m.n_head}.get(kind, 2 * cfg.n_embd)
+            elif m.kind == "mla":
+                if kind == "mla_as_mha":
+                    values += m.n_head * (m.qk_nope_head_dim + m.qk_rope_head_dim
+                                          + m.v_head_dim)
+                elif kind == "latent_only":
+                    values += m.kv_lora_rank
+                elif kind == "rope_if_rotated":
+                    values += m.kv_lora_rank + (m.qk_rope_head_dim if m.use_rope else 0)
+                else:
+                    values += m.kv_lora_rank + m.qk_rope_head_dim
+        return values if kind == "values" else values * bytes_per_value
 
     return fn
 
 
 register(Exercise(
-    id="compare.pareto_front",
-    title="the mechanisms no other one beats on every measure",
-    signature="pareto_front(names: list, costs: list of lists, lower is better) -> list of names",
-    reference=pareto_front,
-    make_cases=_front_cases,
+    id="compare.cache_bytes",
+    title="one more token's cache bytes",
+    signature="cache_bytes_per_token(cfg: LMConfig, bytes_per_value: int) -> int",
+    reference=_reference_cache_bytes,
+    make_cases=_cache_cases,
     chapter=18,
     mistakes=[
-        Mistake("strict_everywhere", _mistake_front("strict_everywhere"),
-                "you removed a row only when another is strictly better on every cost: a row "
-                "that ties on one cost and loses on another is dominated too (at least as good "
-                "everywhere, strictly better somewhere)."),
-        Mistake("ties_dominate", _mistake_front("ties_dominate"),
-                "rows that tie with another on every cost disappeared: 'at least as good "
-                "everywhere' is not enough, the other row must also be strictly better on one "
-                "cost. Two identical rows both stay."),
-        Mistake("higher_is_better", _mistake_front("higher_is_better"),
-                "you kept the rows that are worst: every cost here is lower-is-better."),
-        Mistake("best_per_cost", _mistake_front("best_per_cost"),
-                "you kept the best row of each cost: the front also holds every compromise that "
-                "no single row beats on all costs at once."),
+        Mistake("keys_only", _mistake_cache("keys_only"),
+                "a softmax layer caches a value beside every key: 2 · n_embd numbers per "
+                "token, all heads together (chapter 2)."),
+        Mistake("one_head", _mistake_cache("one_head"),
+                "you counted one head: every head keeps its own key and value, n_head of "
+                "them, 2 · n_embd numbers per token in all."),
+        Mistake("mla_as_mha", _mistake_cache("mla_as_mha"),
+                "an MLA layer caches its latent, not every head's key and value: the heads' "
+                "keys and values are rebuilt from it (chapter 13)."),
+        Mistake("latent_only", _mistake_cache("latent_only"),
+                "an MLA layer also caches its shared key channels, qk_rope_head_dim of them, "
+                "beside the latent (DeepSeek-V3: 512 + 64)."),
+        Mistake("rope_if_rotated", _mistake_cache("rope_if_rotated"),
+                "Kimi's MLA applies no RoPE (use_rope=False) but keeps the shared key channels "
+                "all the same: kv_lora_rank + qk_rope_head_dim numbers whether rotated or not."),
+        Mistake("values", _mistake_cache("values"),
+                "you returned numbers, not bytes: multiply by bytes_per_value."),
     ],
-    hint="keep names[i] unless some row j has costs[j][k] <= costs[i][k] for every k and < for "
-         "at least one k; keep the input order.",
+    hint="loop over cfg.layer_mixers: kind 'softmax' adds 2 · cfg.n_embd, kind 'mla' adds "
+         "kv_lora_rank + qk_rope_head_dim, every other kind 0; times bytes_per_value.",
 ))
 
 
