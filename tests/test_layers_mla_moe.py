@@ -359,3 +359,42 @@ def test_moe_config_counts():
         MoEConfig(9, 2, 6, n_group=2)
     with pytest.raises(ValueError, match="scoring"):
         MoEConfig(8, 2, 6, scoring="relu")
+
+
+def test_attention_window_cuts_every_mla_layer_and_restores_it():
+    """A one-layer model whose MLA sees its last w tokens gives, at every position t, what
+    the full model gives on tokens t − w + 1 … t alone (RoPE is relative); both paths
+    (expanded, absorbed) agree; a window as long as the context changes nothing."""
+    from tinyk3.layers import MLAConfig, attention_window
+    from tinyk3.models import LM, LMConfig
+
+    torch.manual_seed(0)
+    spec = MLAConfig(n_head=2, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2,
+                     v_head_dim=4)
+    model = LM(LMConfig(vocab_size=11, block_size=64, n_embd=16, pattern=[spec],
+                        pos_emb=False, norm="rmsnorm")).double()
+    mla = [m for m in model.modules() if hasattr(m, "window")]
+    idx = torch.randint(0, 11, (2, 9))
+    w = 3
+    with torch.no_grad():
+        base = model(idx)
+        with attention_window(model, 9):
+            same = model(idx)
+        with attention_window(model, w):
+            cut = model(idx)
+            for m in mla:
+                m.absorb = True
+            cut_absorbed = model(idx)
+            for m in mla:
+                m.absorb = False
+        after = model(idx)
+        alone = torch.stack([model(idx[:, max(0, t - w + 1):t + 1])[:, -1] for t in range(9)],
+                            dim=1)
+    assert (same - base).abs().max() < 1e-12  # a window of the whole context: no change
+    assert (cut - alone).abs().max() < 1e-12  # the window is exactly the last w tokens
+    assert (cut - base).abs().max() > 1e-3  # and it matters
+    assert (cut_absorbed - cut).abs().max() < 1e-10  # both paths honour it
+    assert (after - base).abs().max() == 0 and all(m.window is None for m in mla)
+    with pytest.raises(ValueError, match="positive int or None"):
+        with attention_window(model, 0):
+            pass

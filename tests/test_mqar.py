@@ -303,3 +303,22 @@ def test_mqar_held_out_sets_are_fixed_and_scored_without_gradients():
     assert held.accuracy(Oracle(), 2) == 1.0
     with pytest.raises(KeyError, match="no held-out set of 8 pairs"):
         held.accuracy(Oracle(), 8)
+
+
+def test_mqar_curriculum_holds_then_ramps_then_stays():
+    from tinyk3.data import mqar_curriculum
+
+    batch = mqar_curriculum(4, 8, 16, 64, steps=100, hold=0.6, ramp=0.2)
+    tops = [batch.top(s) for s in range(100)]
+    assert set(tops[:61]) == {8} and tops[80:] == [16] * 20
+    assert tops[60:81] == sorted(tops[60:81]) and len(set(tops[60:81])) > 5  # a ramp
+    g = torch.Generator().manual_seed(0)
+    seen = []
+    for _ in range(100):
+        x, y = batch(g)
+        seen.append((x.shape[1] + 1) // 3)  # T = 2P + P - 1 without answers shown
+    assert max(seen[:60]) <= 8 and max(seen[80:]) > 8 and max(seen) <= 16
+    with pytest.raises(ValueError, match="start_pairs <= max_pairs"):
+        mqar_curriculum(4, 20, 16, 64, steps=10)
+    with pytest.raises(ValueError, match="hold"):
+        mqar_curriculum(4, 8, 16, 64, steps=10, hold=0.9, ramp=0.2)

@@ -18,7 +18,7 @@ from ._validate import positive_int
 __all__ = [
     "load_corpus", "encode", "decode", "split", "get_batch", "VOCAB_SIZE",
     "IGNORE_INDEX", "mqar", "mqar_seq_len", "mqar_elimination_accuracy", "recall_accuracy",
-    "mqar_sampler", "MQARHeldOut",
+    "mqar_sampler", "mqar_curriculum", "MQARHeldOut",
 ]
 
 VOCAB_SIZE = 256
@@ -194,6 +194,38 @@ def mqar_sampler(batch_size: int, max_pairs: int, vocab_size: int, *,
         P = int(torch.randint(1, max_pairs + 1, (1,), generator=g))  # one count per batch
         return mqar(batch_size, P, vocab_size, generator=g, show_answers=show_answers)
 
+    return batch
+
+
+def mqar_curriculum(batch_size: int, start_pairs: int, max_pairs: int, vocab_size: int,
+                    steps: int, *, hold: float = 0.6, ramp: float = 0.2):
+    """A batch function like :func:`mqar_sampler` whose largest pair count grows: ``P ~ U{1,
+    ..., top}`` with ``top = start_pairs`` for the first ``hold`` of the ``steps`` calls, then
+    rising linearly to ``max_pairs`` over the next ``ramp`` of them, and ``max_pairs`` after
+    (chapter 15: a model first learns recall at few pairs, then meets more pairs than its
+    state holds). ``batch.top(step)`` gives the schedule; each call advances it by one."""
+    op = "mqar_curriculum"
+    for name, value in (("batch_size", batch_size), ("start_pairs", start_pairs),
+                        ("max_pairs", max_pairs), ("vocab_size", vocab_size), ("steps", steps)):
+        positive_int(value, name, op)
+    if not start_pairs <= max_pairs <= vocab_size // 2:
+        raise ValueError(f"{op}: need start_pairs <= max_pairs <= vocab_size // 2, got "
+                         f"{start_pairs}, {max_pairs}, {vocab_size}")
+    if not (0 <= hold and 0 < ramp and hold + ramp <= 1):
+        raise ValueError(f"{op}: need hold >= 0, ramp > 0 and hold + ramp <= 1, got "
+                         f"{hold}, {ramp}")
+    calls = [0]
+
+    def top(step: int) -> int:
+        frac = min(1.0, max(0.0, (step - hold * steps) / (ramp * steps)))
+        return round(start_pairs + (max_pairs - start_pairs) * frac)
+
+    def batch(g: torch.Generator):
+        P = int(torch.randint(1, top(calls[0]) + 1, (1,), generator=g))
+        calls[0] += 1
+        return mqar(batch_size, P, vocab_size, generator=g, show_answers=False)
+
+    batch.top = top
     return batch
 
 

@@ -244,8 +244,8 @@ if ptxas:
     x = np.arange(len(STAGES))
     fig, ax = plt.subplots(figsize=(6.4, 3.0))
     for i, name in enumerate(names):
-        ax.bar(x + (i - 1) * 0.27, [ptxas[name, st]["registers"] for st in STAGES], 0.27,
-               label=name, color=f"C{i}")
+        regs = [ptxas[name, st]["registers"] for st in STAGES]
+        ax.bar(x + (i - 1) * 0.27, regs, 0.27, label=name, color=f"C{i}")
     ax.axhline(255, color="k", ls=":", lw=1)
     ax.set_xticks(x, ["WY factors", "state pass", "outputs"])
     ax.set(ylabel="registers per thread", ylim=(0, 280),

@@ -74,7 +74,7 @@ from .gated_attention import GatedAttention, GatedAttentionConfig
 from .gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, GatedDeltaState
 from .kda import KDAConfig, KDAState, KimiDeltaAttention
 from .linear import LinearAttention, LinearAttentionConfig, LinearState
-from .mla import LatentState, MLAConfig, MultiHeadLatentAttention
+from .mla import LatentState, MLAConfig, MultiHeadLatentAttention, attention_window
 from .mlp import MLP, GeluMLPConfig, NoMLPConfig
 from .moe import MoE, MoEConfig, SwiGLU, SwiGLUConfig
 from .parts import GatedRMSNorm, RMSNorm, l2_normalize, rope
@@ -100,7 +100,7 @@ __all__ = [
     "register_mixer", "register_mlp", "mixer_config",
     "KimiDeltaAttention", "KDAConfig", "KDAState",
     "GatedDeltaNet", "GatedDeltaNetConfig", "GatedDeltaState",
-    "MultiHeadLatentAttention", "MLAConfig", "LatentState", "GatedAttention",
+    "MultiHeadLatentAttention", "MLAConfig", "LatentState", "attention_window", "GatedAttention",
     "GatedAttentionConfig", "MoE", "MoEConfig", "SwiGLU", "SwiGLUConfig", "RMSNorm", "rope",
     "GatedRMSNorm", "l2_normalize", "HeadsSpec", "NoMLPConfig",
 ]

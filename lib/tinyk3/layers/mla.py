@@ -30,6 +30,7 @@ State: :class:`LatentState` ``(c, k_rope)``, growing with the sequence.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -42,7 +43,8 @@ from .forms import check_form
 from .parts import RMSNorm, rope
 from .registry import MixerSpec, register_mixer
 
-__all__ = ["MultiHeadLatentAttention", "MLAConfig", "LatentState", "causal_softmax"]
+__all__ = ["MultiHeadLatentAttention", "MLAConfig", "LatentState", "causal_softmax",
+           "attention_window"]
 
 LATENT_NORM_EPS = 1e-6  # transformers' q_a_layernorm and kv_a_layernorm take the default eps
 
@@ -64,9 +66,13 @@ class MultiHeadLatentAttention(nn.Module):
     and values expanded from the latents, or ``"absorbed"``, weights absorbed; the two give the
     same numbers to rounding. ``absorb`` reads and sets the same switch as a bool. Positions
     continue from the state's length (RoPE, ``interleaved`` as ``rope_interleave`` says).
+    ``window`` (``None``: the whole context): each query attends to its last ``window`` tokens
+    only, an ablation no released model uses (chapter 15 cuts a trained hybrid's attention with
+    it, :func:`attention_window`); the cache still holds every token.
     """
 
     State = LatentState
+    window: int | None = None
 
     def __init__(self, d_model: int, n_head: int, kv_lora_rank: int = 512,
                  qk_nope_head_dim: int = 128, qk_rope_head_dim: int = 64, v_head_dim: int = 128,
@@ -173,12 +179,12 @@ class MultiHeadLatentAttention(nn.Module):
             # matrix product that reads the cache once (broadcasting c over H would copy it)
             q_latent = (q_nope @ self.w_uk()).reshape(B, H * T, -1)  # [B, H·T, r]
             scores = (q_latent @ c.transpose(1, 2)).view(B, H, T, S) + rope_scores
-            p = causal_softmax(scores * self.scale)  # [B, H, T, S]
+            p = causal_softmax(scores * self.scale, window=self.window)  # [B, H, T, S]
             o_latent = (p.reshape(B, H * T, S) @ c).view(B, H, T, -1)  # [B, H, T, r]
             return o_latent @ self.w_uv()  # [B, H, T, r] @ [H, r, dv]
         k_nope, v = self.expand(c)
         scores = q_nope @ k_nope.transpose(-1, -2) + rope_scores
-        return causal_softmax(scores * self.scale) @ v
+        return causal_softmax(scores * self.scale, window=self.window) @ v
 
     # -- the layer ----------------------------------------------------------------------------
     def qkv_heads(self) -> dict[str, int]:
@@ -337,3 +343,26 @@ class MLAConfig(MixerSpec):
         """Numbers cached after ``length`` tokens: ``B · T · (r + dr)`` (576 per token at
         DeepSeek-V3's sizes, and at Kimi Linear's, whose NoPE keeps the 64 shared channels)."""
         return batch_size * length * (self.kv_lora_rank + self.qk_rope_head_dim)
+
+
+@contextmanager
+def attention_window(model: nn.Module, window: int | None):
+    """Inside the ``with`` block, every :class:`MultiHeadLatentAttention` in ``model`` attends
+    to its last ``window`` tokens only (``None``: all of them); the weights are untouched, and
+    each layer's own window comes back on exit. An ablation: what a trained model loses when
+    its attention cannot reach further back (chapter 15)."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 1):
+        raise ValueError(f"attention_window: window must be a positive int or None, got "
+                         f"{window!r}")
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadLatentAttention)]
+    if not layers:
+        raise ValueError("attention_window: the model has no MultiHeadLatentAttention layer")
+    before = [m.window for m in layers]
+    try:
+        for m in layers:
+            m.window = window
+        yield model
+    finally:
+        for m, w in zip(layers, before):
+            m.window = w

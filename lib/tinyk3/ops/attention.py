@@ -78,11 +78,12 @@ def causal_mask(t_q: int, t_k: int | None = None, device=None, *,
     return mask
 
 
-def causal_softmax(scores: torch.Tensor) -> torch.Tensor:
+def causal_softmax(scores: torch.Tensor, *, window: int | None = None) -> torch.Tensor:
     """Softmax over the last dimension of ``scores [..., T, S]`` with the bottom-right causal mask
-    (query ``i`` is token ``S − T + i`` and sees keys ``0 … S − T + i``), in float32 at least."""
+    (query ``i`` is token ``S − T + i`` and sees keys ``0 … S − T + i``), in float32 at least.
+    ``window``: each query sees only its last ``window`` keys (:func:`causal_mask`)."""
     T, S = scores.shape[-2:]
-    mask = causal_mask(T, S, device=scores.device)
+    mask = causal_mask(T, S, device=scores.device, window=window)
     dt = scores.dtype if scores.dtype == torch.float64 else torch.float32
     p = scores.to(dt).masked_fill(~mask, float("-inf")).softmax(-1)
     return p.to(scores.dtype)
