@@ -563,9 +563,9 @@ hyb, kda_only = acc["hybrid"], acc["pure KDA"]
 above = [P for j, P in enumerate(EVAL_PAIRS) if hyb[:, j].min() > kda_only[:, j].max()]
 print(f"P where every hybrid seed beats every pure-KDA seed: {above}")
 last = EVAL_PAIRS[-1]
-print(f"at P = {last}: hybrid {hyb[:, -1].min():.2f} to {hyb[:, -1].max():.2f}, "
-      f"pure KDA {kda_only[:, -1].min():.2f} to {kda_only[:, -1].max():.2f}, hybrid with its "
-      f"attention cut to {CUT} tokens {acc[CUT_NAME][:, -1].max():.2f} at most")
+lo_hi = {n: f"{acc[n][:, -1].min():.2f} to {acc[n][:, -1].max():.2f}" for n in acc}
+print(f"at P = {last}: hybrid {lo_hi['hybrid']}, pure KDA {lo_hi['pure KDA']}, "
+      f"the hybrid with its attention cut to {CUT} tokens {lo_hi[CUT_NAME]}")
 for P in (P_MAX, max(EVAL_PAIRS)):
     j = EVAL_PAIRS.index(P)
     RESULTS[f"MQAR recall at P={P}, hybrid / pure KDA (mean)"] = (
