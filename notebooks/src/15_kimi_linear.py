@@ -31,8 +31,8 @@
 # train a tiny hybrid against a pure-KDA model of the same width on associative recall with
 # far more pairs than its state can hold, with a control that cuts the attention layer's reach.
 #
-# **Cost.** About two minutes on one CPU core (up to twice that on a slower machine), most of
-# it in the training experiment (the last cell prints the time); `SMOKE = True` runs in seconds.
+# **Cost.** About two and a half minutes on one CPU core, most of it training the six models of
+# the recall experiment (the last cell prints the time); `SMOKE = True` runs in seconds.
 
 # %% tags=["hide-input"]
 # Setup. Where the course package is missing (Colab, Kaggle, a fresh Jupyter), install
@@ -571,7 +571,7 @@ for P in (P_MAX, max(EVAL_PAIRS)):
     RESULTS[f"MQAR recall at P={P}, hybrid / pure KDA (mean)"] = (
         hyb[:, j].mean(), kda_only[:, j].mean())
 
-# %% mystnb={"figure": {"caption": "Multi-query associative recall of two-layer models of width 64 whose KDA layers hold a deliberately small state (two heads of key size 2): a KDA layer followed by a NoPE MLA layer (hybrid), two KDA layers (pure KDA), and the trained hybrid with its attention cut to the last 4 tokens. Left: held-out recall at 16 pairs during training (the pair count grows in the last 40% of the steps). Right: recall after training against the number of pairs, trained up to 16. One line per seed; dotted: chance.", "name": "fig-kimi-linear-mqar"}, "image": {"alt": "Two line plots. Left, recall at 16 pairs against training steps, one line per seed: the hybrid's three seeds rise to near 1 by the end, the pure KDA seeds stay low, near 0.1 or below. Right, recall after training against the number of pairs from 4 to 32 on a logarithmic axis: the hybrid's lines stay near 1 up to 32 pairs; the pure KDA lines start below 0.5 at 4 pairs and fall towards the dotted chance curve; the hybrid with its attention cut lies on the chance curve."}}
+# %% mystnb={"figure": {"caption": "Multi-query associative recall of two-layer models of width 64 whose KDA layers hold a deliberately small state (two heads of key size 2): a KDA layer followed by a NoPE MLA layer (hybrid), two KDA layers (pure KDA), and the trained hybrid with its attention cut to the last 4 tokens. Left: held-out recall at 16 pairs during training (the pair count grows in the last 40% of the steps). Right: recall after training against the number of pairs, trained up to 16. One line per seed; dotted: chance.", "name": "fig-kimi-linear-mqar"}, "image": {"alt": "Two line plots. Left, recall at 16 pairs against training steps, one line per seed: the hybrid's three seeds rise to near 1 by the end, the pure KDA seeds stay low, near 0.1 or below. Right, recall after training against the number of pairs from 4 to 32 on a logarithmic axis: the hybrid's lines stay near 1 up to 32 pairs; the pure KDA lines start below 0.5 at 4 pairs and fall towards the dotted chance curve; the hybrid with its attention cut lies on or just below the chance curve."}}
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.8, 3.2))
 colors = {"hybrid": "C0", "pure KDA": "C1", CUT_NAME: "C2"}
 for name, color in colors.items():

@@ -248,9 +248,9 @@ if ptxas:
         ax.bar(x + (i - 1) * 0.27, regs, 0.27, label=name, color=f"C{i}")
     ax.axhline(255, color="k", ls=":", lw=1)
     ax.set_xticks(x, ["WY factors", "state pass", "outputs"])
-    ax.set(ylabel="registers per thread", ylim=(0, 280),
+    ax.set(ylabel="registers per thread", ylim=(0, 330),
            title="What the gate costs in registers (sm_90, bf16)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", ncol=3)
     plt.tight_layout()
     plt.show()
 
