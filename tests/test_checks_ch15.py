@@ -2,10 +2,13 @@
 
 The wrong answers are written independently of the registered Mistake functions; the
 references are tied to the library: the layer pattern to the presets and the hub-config reader,
-the state bytes to a built model's cache after decoding and to the layers' ``state_numel``.
+the break-even context to the layers' `state_numel` on both sides of it and to built models'
+caches after decoding.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -68,57 +71,75 @@ def lk_ok_from_kda_list(config):
     return tuple("kda" if n in kda else "mla" for n in range(1, config["num_hidden_layers"] + 1))
 
 
-# -- kimi_linear.state_bytes ----------------------------------------------------------------------
+# -- kimi_linear.crossing_context -----------------------------------------------------------------
 
 
-@wrong("kimi_linear.state_bytes", "nope_drops_rope_dim")
-def sb_latent_only(kinds, T, H, D, K, r, dr, B, nb):
-    per = {"kda": H * D * D + 3 * H * D * (K - 1), "mla": T * r}  # "NoPE: no rope channels"
-    return B * nb * sum(per[k] for k in kinds)
+def _sizes(config):
+    lin = config["linear_attn_config"]
+    return (lin["num_heads"], lin["head_dim"], lin["short_conv_kernel_size"],
+            config["kv_lora_rank"], config["qk_rope_head_dim"])
 
 
-@wrong("kimi_linear.state_bytes", "no_conv_state")
-def sb_matrices_only(kinds, T, H, D, K, r, dr, B, nb):
-    return B * nb * sum(H * D * D if k == "kda" else T * (r + dr) for k in kinds)
+@wrong("kimi_linear.crossing_context", "own_cache")
+def cc_states_vs_own_cache(config, sb, cb):
+    H, D, K, r, dr = _sizes(config)
+    n_mla = len(config["linear_attn_config"]["full_attn_layers"])
+    n_kda = len(config["linear_attn_config"]["kda_layers"])
+    states = n_kda * (H * D * D + 3 * H * D * (K - 1)) * sb
+    return states // (n_mla * (r + dr) * cb) + 1  # "when the cache outgrows the states"
 
 
-@wrong("kimi_linear.state_bytes", "conv_k_taps")
-def sb_conv_full_window(kinds, T, H, D, K, r, dr, B, nb):
-    per = {"kda": H * D * D + 3 * H * D * K, "mla": T * (r + dr)}
-    return B * nb * sum(per[k] for k in kinds)
+@wrong("kimi_linear.crossing_context", "equal_not_smaller")
+def cc_ceil(config, sb, cb):
+    H, D, K, r, dr = _sizes(config)
+    return math.ceil((H * D * D + 3 * H * D * (K - 1)) * sb / ((r + dr) * cb))
 
 
-@wrong("kimi_linear.state_bytes", "kda_grows")
-def sb_kda_per_token(kinds, T, H, D, K, r, dr, B, nb):
-    per = {"kda": T * (H * D * D + 3 * H * D * (K - 1)), "mla": T * (r + dr)}
-    return B * nb * sum(per[k] for k in kinds)
+@wrong("kimi_linear.crossing_context", "no_conv_state")
+def cc_matrices_only(config, sb, cb):
+    H, D, K, r, dr = _sizes(config)
+    return H * D * D * sb // ((r + dr) * cb) + 1
 
 
-@wrong("kimi_linear.state_bytes", "all_layers_cache")
-def sb_every_layer_caches(kinds, T, H, D, K, r, dr, B, nb):
-    return B * nb * len(kinds) * T * (r + dr)
+@wrong("kimi_linear.crossing_context", "no_rope_dims")
+def cc_latent_only(config, sb, cb):
+    H, D, K, r, dr = _sizes(config)
+    return (H * D * D + 3 * H * D * (K - 1)) * sb // (r * cb) + 1  # "NoPE: no rope channels"
 
 
-@wrong("kimi_linear.state_bytes", "no_batch")
-def sb_one_sequence(kinds, T, H, D, K, r, dr, B, nb):
-    per = {"kda": H * D * D + 3 * H * D * (K - 1), "mla": T * (r + dr)}
-    return nb * sum(per[k] for k in kinds)
+@wrong("kimi_linear.crossing_context", "same_widths")
+def cc_values(config, sb, cb):
+    H, D, K, r, dr = _sizes(config)
+    return (H * D * D + 3 * H * D * (K - 1)) // (r + dr) + 1
 
 
-@right("kimi_linear.state_bytes")
-def sb_ok_lib(kinds, T, H, D, K, r, dr, B, nb):
-    kda = KDAConfig(n_head=H, head_dim=D, conv_size=K)
-    mla = MLAConfig(n_head=1, kv_lora_rank=r, qk_rope_head_dim=dr, use_rope=False)
-    return nb * sum(kda.state_numel(B) if k == "kda" else mla.state_numel(B, T) for k in kinds)
+@wrong("kimi_linear.crossing_context", None)
+def cc_float(config, sb, cb):
+    H, D, K, r, dr = _sizes(config)
+    return (H * D * D + 3 * H * D * (K - 1)) * sb / ((r + dr) * cb)  # not rounded to tokens
 
 
-@right("kimi_linear.state_bytes")
-def sb_ok_counted(kinds, T, H, D, K, r, dr, B, nb):
-    n_kda, n_mla = kinds.count("kda"), kinds.count("mla")
-    state = H * D * D  # S per head
-    conv = (K - 1) * (H * D + H * D + H * D)  # q, k, v windows
-    latent = r + dr
-    return n_kda * B * (state + conv) * nb + n_mla * B * T * latent * nb
+@right("kimi_linear.crossing_context")
+def cc_ok_search(config, sb, cb):
+    """Walk T up until the whole hybrid is smaller than the whole all-MLA model."""
+    H, D, K, r, dr = _sizes(config)
+    n = config["num_hidden_layers"]
+    n_mla = len(config["linear_attn_config"]["full_attn_layers"])
+    fixed, per = (H * D * D + 3 * H * D * (K - 1)) * sb, (r + dr) * cb
+    lo, hi = 0, 1
+    while (n - n_mla) * fixed + n_mla * per * hi >= n * per * hi:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:  # the smallest T in (lo, hi] where the hybrid is smaller
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if (n - n_mla) * fixed + n_mla * per * mid < n * per * mid \
+            else (mid, hi)
+    return hi
+
+
+@right("kimi_linear.crossing_context")
+def cc_ok_float(config, sb, cb):
+    H, D, K, r, dr = _sizes(config)
+    return math.floor((H * D * D + 3 * H * D * (K - 1)) * sb / ((r + dr) * cb)) + 1
 
 
 # -- the lists --------------------------------------------------------------------------------------
@@ -155,28 +176,60 @@ def _built(kinds, H, D, K, r, dr, dtype):
     return LM(cfg).to(dtype).eval()
 
 
-def test_the_bytes_reference_is_a_decoded_models_cache():
-    """At every small case: build the model, decode ``length`` tokens in two pieces through its
-    cache, and compare ``cache.nbytes()`` (measured from the tensors) with the reference; in
-    float32 and float64, scaled for the bf16 cases. Also: the 1M-token case is the preset's
-    own ``state_numel`` sum."""
-    ex = checks.EXERCISES["kimi_linear.state_bytes"]
+def _memory(mixers, T, sb, cb):
+    """Bytes of one sequence's decoding memory after T tokens, from the layers' formulas."""
+    return sum(s.state_numel(1, T) * cb if s.kind == "mla" else s.state_numel(1) * sb
+               for s in mixers)
+
+
+def test_the_crossing_reference_is_where_the_presets_memories_cross():
+    """On the released configurations (and the tiny ones, rebuilt as layer configurations)
+    the hybrid is not smaller than all-MLA one token before the reference and is smaller at
+    it, counted with the layers' own ``state_numel``."""
+    ex = checks.EXERCISES["kimi_linear.crossing_context"]
     for c in ex.cases():
-        kinds, T, H, D, K, r, dr, B, nb = c.args
-        if T > 1000:
-            cfg = presets.kimi_linear_48b()
-            assert tuple(kinds) == cfg.kinds and (H, D, K) == (32, 128, 4)
-            values = sum(s.state_numel(B, T) for s in cfg.layer_mixers)
-            assert ex.reference(*c.args) == values * nb
-            continue
-        dtype = torch.float64 if nb == 8 else torch.float32
-        model = _built(kinds, H, D, K, r, dr, dtype)
-        idx = torch.randint(0, 32, (B, T), generator=torch.Generator().manual_seed(0))
-        cache = model.new_cache()
-        with torch.no_grad():
-            cut = max(1, T // 2)
-            model(idx[:, :cut], cache)
-            if cut < T:
-                model(idx[:, cut:], cache)
-        elem = torch.empty((), dtype=dtype).element_size()
-        assert ex.reference(*c.args) == cache.nbytes() * nb // elem, c.label
+        config, sb, cb = c.args
+        n = config["num_hidden_layers"]
+        if n in (27, 93):
+            cfg = presets.kimi_linear_48b() if n == 27 else presets.kimi_k3_mixers()
+            mixers = cfg.layer_mixers
+            mla = next(s for s in mixers if s.kind == "mla")
+        else:
+            H, D, K, r, dr = _sizes(config)
+            kda = KDAConfig(n_head=H, head_dim=D, conv_size=K)
+            mla = MLAConfig(n_head=2, kv_lora_rank=r, qk_nope_head_dim=4, qk_rope_head_dim=dr,
+                            v_head_dim=4, use_rope=False)
+            full = config["linear_attn_config"]["full_attn_layers"]
+            mixers = [mla if i + 1 in full else kda for i in range(n)]
+        T = ex.reference(*c.args)
+        for t, smaller in ((T - 1, False), (T, True)):
+            assert (_memory(mixers, t, sb, cb) < _memory([mla] * n, t, sb, cb)) is smaller, c.label
+
+
+def test_the_crossing_holds_for_built_models_caches():
+    """Decode T − 1 and then T tokens through a built hybrid and a built all-MLA model and
+    compare ``cache.nbytes()`` (the tensors themselves): the float32 case, where the state and
+    the cache have the same width."""
+    ex = checks.EXERCISES["kimi_linear.crossing_context"]
+    c = next(c for c in ex.cases() if c.args[1:] == (4, 4))
+    config = c.args[0]
+    H, D, K, r, dr = _sizes(config)
+    full = config["linear_attn_config"]["full_attn_layers"]
+    kinds = ["mla" if i + 1 in full else "kda" for i in range(config["num_hidden_layers"])]
+    T = ex.reference(*c.args)
+    hybrid = _built(kinds, H, D, K, r, dr, torch.float32)
+    all_mla = _built(["mla"] * len(kinds), H, D, K, r, dr, torch.float32)
+    idx = torch.randint(0, 32, (1, T), generator=torch.Generator().manual_seed(0))
+    for t, smaller in ((T - 1, False), (T, True)):
+        sizes = []
+        for model in (hybrid, all_mla):
+            cache = model.new_cache()
+            with torch.no_grad():
+                model(idx[:, :t], cache)
+            sizes.append(cache.nbytes())
+        assert (sizes[0] < sizes[1]) is smaller, (t, sizes)
+    # the split of the layers does not move the answer; the "own cache" mistake depends on it
+    same = [x for x in ex.cases() if _sizes(x.args[0]) == _sizes(config) or
+            _sizes(x.args[0]) == (2, 8, 4, 13, 4)]
+    assert len({ex.reference(*x.args) for x in same if x.args[1:] == (2, 2)}) == 1
+    assert len({cc_states_vs_own_cache(*x.args) for x in same if x.args[1:] == (2, 2)}) == 2

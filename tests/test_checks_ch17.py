@@ -1,8 +1,8 @@
 """Chapter 17's exercises (Kimi K3), answered the way learners get them wrong and right.
 
 The wrong answers are written independently of the registered Mistake functions; the
-references are tied to the library (:class:`tinyk3.models.lm.DepthMix`, :func:`moe.situ`) and,
-where it is importable, to mlx-lm's ``models/kimi_k3.py``.
+references are tied to the library (:class:`tinyk3.models.lm.DepthMix`, the reader of K3
+configs and the built experts) and, where it is importable, to mlx-lm's ``models/kimi_k3.py``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from helpers import right, wrong
 from tinyk3 import checks
-from tinyk3.layers import moe
+from tinyk3.layers import MoEConfig
+from tinyk3.models import presets
+from tinyk3.models.hub import lm_config_from_hf
 from tinyk3.models.lm import DepthMix
 
 # -- kimi_k3.depth_mix ----------------------------------------------------------------------------
@@ -91,51 +92,64 @@ def dm_ok_lib(sources, w_norm, w_proj, eps):
         return mix(list(sources[:-1]), sources[-1])
 
 
-# -- kimi_k3.situ_glu -----------------------------------------------------------------------------
+# -- kimi_k3.routed_experts ------------------------------------------------------------------------
 
 
-@wrong("kimi_k3.situ_glu", "silu_glu")
-def sg_silu(gate, up):
-    return F.silu(gate) * up
+@wrong("kimi_k3.routed_experts", "hidden_not_latent")
+def re_full_width(config):
+    n = config["num_hidden_layers"] - config["first_k_dense_replace"]
+    per = 3 * config["moe_intermediate_size"] * config["hidden_size"]  # "d × h, as in ch 14"
+    return n * config["num_experts"] * per, n * config["num_experts_per_token"] * per
 
 
-@wrong("kimi_k3.situ_glu", "caps_swapped")
-def sg_swapped(gate, up):
-    return 25 * torch.tanh(gate / 25) * torch.sigmoid(gate) * 4 * torch.tanh(up / 4)
+@wrong("kimi_k3.routed_experts", "every_layer")
+def re_all_layers(config):
+    per = 3 * config["moe_intermediate_size"] * config["routed_expert_hidden_size"]
+    total = config["num_hidden_layers"] * config["num_experts"] * per
+    return total, total * config["num_experts_per_token"] // config["num_experts"]
 
 
-@wrong("kimi_k3.situ_glu", "no_sigmoid")
-def sg_no_sigmoid(gate, up):
-    return 4 * torch.tanh(gate / 4) * 25 * torch.tanh(up / 25)
+@wrong("kimi_k3.routed_experts", "two_matrices")
+def re_up_and_down(config):
+    n = config["num_hidden_layers"] - config["first_k_dense_replace"]
+    up = config["moe_intermediate_size"] * config["routed_expert_hidden_size"]
+    return n * config["num_experts"] * 2 * up, n * config["num_experts_per_token"] * 2 * up
 
 
-@wrong("kimi_k3.situ_glu", "value_uncapped")
-def sg_gate_only(gate, up):
-    return 4 * torch.tanh(gate / 4) * torch.sigmoid(gate) * up
+@wrong("kimi_k3.routed_experts", "shared_in_active")
+def re_shared_used_too(config):
+    n = config["num_hidden_layers"] - config["first_k_dense_replace"]
+    per = 3 * config["moe_intermediate_size"] * config["routed_expert_hidden_size"]
+    used = config["num_experts_per_token"] + config["num_shared_experts"]
+    return n * config["num_experts"] * per, n * used * per
 
 
-@wrong("kimi_k3.situ_glu", "silu_capped")
-def sg_cap_after_silu(gate, up):
-    return 4 * torch.tanh(F.silu(gate) / 4) * 25 * torch.tanh(up / 25)
+@wrong("kimi_k3.routed_experts", None)
+def re_float_share(config):
+    n = config["num_hidden_layers"] - config["first_k_dense_replace"]
+    per = 3 * config["moe_intermediate_size"] * config["routed_expert_hidden_size"]
+    total = n * config["num_experts"] * per
+    return total, total * (config["num_experts_per_token"] / config["num_experts"]) * 1.001
 
 
-@wrong("kimi_k3.situ_glu", "hard_clamp")
-def sg_clamp(gate, up):
-    """A hard clamp where a soft cap belongs."""
-    return F.silu(gate.clamp(-4, 4)) * up.clamp(-25, 25)
+@right("kimi_k3.routed_experts")
+def re_ok_per_layer(config):
+    total = active = 0
+    for layer in range(config["num_hidden_layers"]):
+        if layer < config["first_k_dense_replace"]:
+            continue  # a dense feed-forward
+        expert = 3 * config["moe_intermediate_size"] * config["routed_expert_hidden_size"]
+        total += config["num_experts"] * expert
+        active += config["num_experts_per_token"] * expert
+    return total, active
 
 
-@right("kimi_k3.situ_glu")
-def sg_ok_parts(gate, up):
-    def soft_cap(x, c):
-        return c * torch.tanh(x / c)
-
-    return (soft_cap(gate, 4.0) * torch.sigmoid(gate) * soft_cap(up, 25.0)).to(gate.dtype)
-
-
-@right("kimi_k3.situ_glu")
-def sg_ok_lib(gate, up):
-    return moe.situ(gate, up)
+@right("kimi_k3.routed_experts")
+def re_ok_float_share(config):
+    n = config["num_hidden_layers"] - config["first_k_dense_replace"]
+    total = n * config["num_experts"] * 3 * config["moe_intermediate_size"] * \
+        config["routed_expert_hidden_size"]
+    return total, round(total * config["num_experts_per_token"] / config["num_experts"])
 
 
 # -- the lists --------------------------------------------------------------------------------------
@@ -181,25 +195,25 @@ def test_the_depth_mix_reference_equals_mlx_lm():
         assert np.abs(np.array(theirs) - ours.numpy()).max() < 1e-5, c.label
 
 
-def test_the_situ_reference_is_the_library_and_respects_its_caps():
-    ex = checks.EXERCISES["kimi_k3.situ_glu"]
-    big = 0
+
+
+def test_the_experts_reference_is_the_hub_readers_configuration():
+    """Every case read by the library's reader of K3 configs (the released dict with the case's
+    values): the routed experts of its MoE layers, counted from the layer configurations; on
+    the tiny cases, counted from the built modules' ``experts`` tensors."""
+    ex = checks.EXERCISES["kimi_k3.routed_experts"]
     for c in ex.cases():
-        ref = ex.reference(*c.args)
-        assert ref.dtype == c.args[0].dtype
-        tol = 1e-12 if ref.dtype == torch.float64 else 1e-5
-        assert (ref.double() - moe.situ(*c.args).double()).abs().max() <= tol * max(
-            1.0, float(ref.abs().max())), c.label
-        assert float(ref.abs().max()) < 100.0  # |4·tanh·σ| < 4 and |25·tanh| < 25
-        big += float((sg_silu(*c.args) - ref).abs().max()) > 1.0  # the caps bite somewhere
-    assert big >= 3
-
-
-def test_the_situ_reference_equals_mlx_lm():
-    mx = pytest.importorskip("mlx.core")
-    k3 = pytest.importorskip("mlx_lm.models.kimi_k3")
-    for c in checks.EXERCISES["kimi_k3.situ_glu"].cases():
-        gate, up = (a.float() for a in c.args)
-        theirs = np.array(k3._situ(mx.array(up.numpy()), mx.array(gate.numpy()), 4.0, 25.0))
-        ours = checks.EXERCISES["kimi_k3.situ_glu"].reference(gate, up).numpy()
-        assert np.abs(theirs - ours).max() < 1e-5 * max(1.0, np.abs(ours).max()), c.label
+        text = dict(presets.KIMI_K3_TEXT_CONFIG, **c.args[0])
+        cfg = lm_config_from_hf({"model_type": "kimi_k3", "text_config": text})
+        moes = [m for m in cfg.layer_mlps if isinstance(m, MoEConfig)]
+        per = [3 * m.expert_hidden * (m.latent_dim or cfg.n_embd) for m in moes]
+        expected = (sum(m.n_experts * p for m, p in zip(moes, per)),
+                    sum(m.top_k * p for m, p in zip(moes, per)))
+        assert ex.reference(*c.args) == expected, c.label
+        if cfg.n_embd <= 64:
+            counted = sum(p.numel() for m in moes
+                          for name, p in m.build(cfg.n_embd).named_parameters()
+                          if name.startswith("experts."))
+            assert counted == expected[0], c.label
+    k3 = ex.reference(ex.cases()[0].args[0])
+    assert k3 == (2_722_740_830_208, 48_620_371_968)  # 2.72T of K3's 2.78T; 48.6B of 105.4B

@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from tinyk3.data import VOCAB_SIZE, decode, encode, get_batch, load_corpus, split
+from tinyk3.data import (
+    VOCAB_SIZE,
+    decode,
+    encode,
+    get_batch,
+    load_corpus,
+    split,
+    unigram_entropy,
+)
 from tinyk3.gpt2 import GPT, GPTConfig
 from tinyk3.train import TrainResult, evaluate_loss, train_lm
 
@@ -77,6 +85,29 @@ def test_split_default_on_corpus(tokens):
 def test_split_rejects_bad_fraction(bad):
     with pytest.raises(ValueError, match="val_fraction"):
         split(torch.arange(10), bad)
+
+
+def test_unigram_entropy_is_the_loss_of_the_frequencies(tokens):
+    """Uniform ids give log V, one repeated id gives 0, and on the corpus the value is the
+    cross-entropy of a model that predicts the training frequencies for every byte, computed
+    as a loss: -mean(log p[token])."""
+    assert math.isclose(unigram_entropy(torch.arange(256).repeat(3)), math.log(256),
+                        rel_tol=1e-12)
+    assert unigram_entropy(torch.full((10,), 7)) == 0.0
+    assert math.isclose(unigram_entropy(torch.tensor([0, 0, 1, 1]), vocab_size=2), math.log(2))
+    train, _ = split(tokens)
+    p = torch.bincount(train, minlength=VOCAB_SIZE).double() / len(train)
+    as_loss = -p[train].log().mean().item()
+    assert math.isclose(unigram_entropy(train), as_loss, rel_tol=1e-9)
+    assert 3.0 < unigram_entropy(train) < math.log(VOCAB_SIZE)
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(0, dtype=torch.long), torch.ones(3),
+                                 torch.zeros(2, 2, dtype=torch.long), torch.tensor([0, 256]),
+                                 torch.tensor([-1, 2]), [1, 2]])
+def test_unigram_entropy_rejects_bad_tokens(bad):
+    with pytest.raises(ValueError, match="unigram_entropy"):
+        unigram_entropy(bad)
 
 
 @pytest.mark.parametrize("B,T", [(1, 1), (4, 8), (16, 32)])

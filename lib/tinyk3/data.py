@@ -17,7 +17,7 @@ from ._validate import positive_int
 
 __all__ = [
     "load_corpus", "encode", "decode", "split", "get_batch", "VOCAB_SIZE",
-    "IGNORE_INDEX", "mqar", "mqar_seq_len", "mqar_elimination_accuracy", "recall_accuracy",
+    "IGNORE_INDEX", "unigram_entropy", "mqar", "mqar_seq_len", "mqar_elimination_accuracy", "recall_accuracy",
     "mqar_sampler", "mqar_curriculum", "MQARHeldOut",
 ]
 
@@ -50,6 +50,24 @@ def split(data: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch.Tensor, 
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     n = int(len(data) * (1 - val_fraction))
     return data[:n], data[n:]
+
+
+def unigram_entropy(tokens: torch.Tensor, vocab_size: int = VOCAB_SIZE) -> float:
+    """The loss, in nats per token, of predicting every token from the frequencies of
+    ``tokens`` alone, with no context: the entropy ``-Σ p log p`` of those frequencies.
+    Chapter 1's baseline, the line every trained model must go below."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point \
+            or tokens.dtype == torch.bool or tokens.dim() != 1 or tokens.numel() == 0:
+        raise ValueError("unigram_entropy: tokens must be a non-empty 1-D tensor of integer "
+                         f"ids, got {getattr(tokens, 'dtype', type(tokens).__name__)} "
+                         f"{list(getattr(tokens, 'shape', []))}")
+    vocab_size = positive_int(vocab_size, "vocab_size", "unigram_entropy")
+    if tokens.min() < 0 or tokens.max() >= vocab_size:
+        raise ValueError(f"unigram_entropy: ids must lie in [0, {vocab_size}), got "
+                         f"{int(tokens.min())} to {int(tokens.max())}")
+    freq = torch.bincount(tokens.cpu(), minlength=vocab_size).double() / tokens.numel()
+    freq = freq[freq > 0]
+    return -(freq * freq.log()).sum().item()
 
 
 def get_batch(

@@ -671,44 +671,63 @@ ok = checks.run("kimi_linear.layer_kinds", layer_kinds_solution)
 # ```{solution-end}
 # ```
 #
-# ```{exercise} The bytes of a hybrid's decoding state
-# :label: ex-kimi-linear-state-bytes
+# ```{exercise} The break-even context
+# :label: ex-kimi-linear-crossing-context
 #
-# Write `state_bytes(kinds, length, n_head, head_dim, conv_size, kv_lora_rank, rope_dim,
-# batch, bytes_per_value)`: the bytes a Kimi Linear model's decoding state holds after
-# `length` tokens. `kinds` has one `"kda"` or `"mla"` per layer. A KDA layer keeps, per
-# sequence, `n_head` matrices of `head_dim × head_dim` and its three short convolutions' last
-# inputs (q, k and v, each `n_head·head_dim` wide); a NoPE MLA layer caches every token's
-# latent and its shared key channels (`rope_dim`). Return an int. The cases include the
-# released model at 1M tokens.
+# Experiment 1 found that below some context the hybrid holds *more* decoding memory than
+# the same model with MLA in every layer. Write `crossing_context(config, state_bytes,
+# cache_bytes)`: from a configuration dict as released (the keys of Kimi Linear's and K3's
+# configs: `num_hidden_layers`, `kv_lora_rank`, `qk_rope_head_dim`, and `linear_attn_config`
+# with `num_heads`, `head_dim`, `short_conv_kernel_size` and the 1-based
+# `full_attn_layers`), return the smallest number of tokens $T$ at which one sequence's
+# hybrid memory is strictly smaller than the all-MLA model's. KDA states are stored at
+# `state_bytes` a value, MLA caches at `cache_bytes`. Work it out on paper first: which
+# numbers of the config does the answer depend on? The cases have at least one KDA layer and
+# include both released models and layer splits from 1 of 8 to 69 of 93.
 # ```
 
 # %%
-def state_bytes_mine(kinds, length, n_head, head_dim, conv_size, kv_lora_rank, rope_dim,
-                     batch, bytes_per_value):
+def crossing_context_mine(config, state_bytes, cache_bytes):
     # your code here
     raise NotImplementedError
 
 
 # %% tags=["nbval-check-output"]
-ok = checks.run("kimi_linear.state_bytes", state_bytes_mine)
+ok = checks.run("kimi_linear.crossing_context", crossing_context_mine)
 
 # %% [markdown]
-# ```{solution-start} ex-kimi-linear-state-bytes
+# ```{solution-start} ex-kimi-linear-crossing-context
 # :class: dropdown
 # ```
+#
+# With $n_{\text{KDA}}$ KDA layers of $F$ bytes each (fixed) and MLA caches of $c$ bytes per
+# token, in $L$ layers, the hybrid holds $n_{\text{KDA}} F + (L - n_{\text{KDA}}) c T$ and
+# the all-MLA model $L c T$. The MLA layers they share cancel, and the hybrid is smaller when
+# $n_{\text{KDA}} F < n_{\text{KDA}} c T$, that is when $T > F / c$:
+# neither the number of layers nor the ratio of KDA to MLA matters, only one KDA layer's
+# state against one token of one MLA layer's cache.
 
 # %%
-def state_bytes_solution(kinds, length, n_head, head_dim, conv_size, kv_lora_rank,
-                         rope_dim, batch, bytes_per_value):
-    kda = n_head * head_dim * head_dim  # S, one matrix per head
-    kda += 3 * n_head * head_dim * (conv_size - 1)  # q, k, v: the last K - 1 inputs
-    mla = length * (kv_lora_rank + rope_dim)  # NoPE keeps the shared key channels
-    values = sum(kda if kind == "kda" else mla for kind in kinds)
-    return batch * values * bytes_per_value
+def crossing_context_solution(config, state_bytes, cache_bytes):
+    lin = config["linear_attn_config"]
+    H, D, K = lin["num_heads"], lin["head_dim"], lin["short_conv_kernel_size"]
+    F = (H * D * D + 3 * H * D * (K - 1)) * state_bytes  # one KDA layer, fixed
+    c = (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * cache_bytes  # per token
+    return F // c + 1  # the first T with c·T > F
 
 
-ok = checks.run("kimi_linear.state_bytes", state_bytes_solution)
+ok = checks.run("kimi_linear.crossing_context", crossing_context_solution)
+KL_CONFIG = {  # the released keys, filled from the preset's layers
+    "num_hidden_layers": N_LAYER, "kv_lora_rank": mla_spec.kv_lora_rank,
+    "qk_rope_head_dim": mla_spec.qk_rope_head_dim,
+    "linear_attn_config": {"full_attn_layers": FULL_ATTN_LAYERS,
+                           "num_heads": kda_spec.n_head, "head_dim": kda_spec.head_dim,
+                           "short_conv_kernel_size": kda_spec.conv_size}}
+K3_CONFIG = presets.KIMI_K3_TEXT_CONFIG
+for name, config in (("Kimi Linear 48B", KL_CONFIG), ("Kimi K3", K3_CONFIG)):
+    print(f"{name}: the hybrid needs less than all-MLA from "
+          f"{crossing_context_solution(config, STATE_BYTES, BYTES):,} tokens "
+          f"(float32 states, bf16 caches)")
 
 # %% [markdown]
 # ```{solution-end}

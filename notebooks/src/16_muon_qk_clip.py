@@ -93,7 +93,7 @@ RESULTS = {}  # distances for the closing note
 # %% [markdown]
 # ## The idea: move every direction of a matrix alike
 #
-# A weight matrix $W \in \mathbb{R}^{A \times B}$ acts on its input through its singular
+# A weight matrix $W \in \mathbb{R}^{m \times n}$ acts on its input through its singular
 # directions. Its gradient $G = U \Sigma V^\top$ (a thin SVD, $\Sigma$ diagonal with the
 # singular values $\sigma_1 \ge \sigma_2 \ge \dots$) is typically dominated by a few of them: a
 # step along $G$ moves those few directions a lot and the rest hardly at all. Muon replaces
@@ -152,11 +152,11 @@ print(f"U Vᵀ: singular values all 1 (max |σ - 1| "
 # the singular vectors stay and each singular value goes through the scalar polynomial.
 # Iterating $p$ drives the singular values towards a fixed point; if that point is 1, the
 # iterates approach $U V^\top$. Start from $X_0 = G / \|G\|_F$ (the Frobenius norm is at
-# least the largest singular value, so every $\sigma$ lies in $(0, 1]$), and write $A = X
+# least the largest singular value, so every $\sigma$ lies in $(0, 1]$), and write $Z = X
 # X^\top$:
 #
 # $$
-# X_{k+1} = a X_k + (b A_k + c A_k^2)\, X_k .
+# X_{k+1} = a X_k + (b Z_k + c Z_k^2)\, X_k .
 # $$
 #
 # The classical Newton–Schulz iteration is the cubic $(a, b, c) = (\tfrac32, -\tfrac12, 0)$:
@@ -165,7 +165,7 @@ print(f"U Vᵀ: singular values all 1 (max |σ - 1| "
 # quintic $(3.4445, -4.7750, 2.0315)$ takes the slope at 0 as large as possible, $a =
 # 3.4445$, and gives up exact convergence: after five steps every $\sigma \in (0, 1]$ not too
 # close to 0 lands in a band around 1, not on 1. Its one step in code (a tall matrix is done
-# transposed, so that $A$ is the smaller Gram matrix):
+# transposed, so that $Z$ is the smaller Gram matrix):
 
 # %%
 NS = (3.4445, -4.7750, 2.0315)
@@ -177,8 +177,8 @@ def ns_orthogonalise(G, steps=5, coefficients=NS, eps=1e-7):
     X = G.T if tall else G
     X = X / X.norm().clamp_min(eps)  # Frobenius: every singular value now <= 1
     for _ in range(steps):
-        A = X @ X.T  # [m, m], m = the smaller side
-        X = a * X + (b * A + c * A @ A) @ X  # = U p(Σ) Vᵀ
+        Z = X @ X.T  # the smaller Gram matrix: min(m, n) square
+        X = a * X + (b * Z + c * Z @ Z) @ X  # = U p(Σ) Vᵀ
     return X.T if tall else X
 
 
@@ -278,33 +278,33 @@ print(f"{list(W_big.shape)}: Newton-Schulz (5 steps) {t_ns.ms()} ms, "
 # `tinyk3.optim.Muon`) keep an exponential moving average and use its Nesterov form,
 #
 # $$
-# M_t = \mu M_{t-1} + (1 - \mu)\, g_t, \qquad u_t = (1 - \mu)\, g_t + \mu M_t, \qquad
-# W_t = (1 - \mathrm{lr}\cdot \lambda)\, W_{t-1} - \mathrm{lr}\cdot s(A, B)\, \mathrm{NS}(u_t),
+# M_t = \mu M_{t-1} + (1 - \mu)\, g_t, \qquad \hat M_t = (1 - \mu)\, g_t + \mu M_t, \qquad
+# W_t = (1 - \mathrm{lr}\cdot \lambda)\, W_{t-1} - \mathrm{lr}\cdot s(m, n)\, \mathrm{NS}(\hat M_t),
 # $$
 #
 # with $\mu = 0.95$ and decoupled weight decay $\lambda$. Keller Jordan's original writes the
-# momentum as a sum, $M_t = \mu M_{t-1} + g_t$ and $u_t = g_t + \mu M_t$: that is $1/(1-\mu)$
+# momentum as a sum, $M_t = \mu M_{t-1} + g_t$ and $\hat M_t = g_t + \mu M_t$: that is $1/(1-\mu)$
 # times the average, and since Newton–Schulz first divides by the norm, the two give the same
 # update.
 #
-# The factor $s(A, B)$ sets the size. An $A \times B$ matrix whose $\min(A, B)$ singular
-# values are all 1 has Frobenius norm $\sqrt{\min(A, B)}$, so its root-mean-square entry is
-# $\sqrt{\min(A,B)/(AB)} = 1/\sqrt{\max(A, B)}$: the wider the matrix, the smaller each entry
-# of an orthogonal update. Moonshot's scale $s = 0.2\sqrt{\max(A, B)}$ brings the RMS to 0.2,
+# The factor $s(m, n)$ sets the size. An $m \times n$ matrix whose $\min(m, n)$ singular
+# values are all 1 has Frobenius norm $\sqrt{\min(m, n)}$, so its root-mean-square entry is
+# $\sqrt{\min(m,n)/(mn)} = 1/\sqrt{\max(m, n)}$: the wider the matrix, the smaller each entry
+# of an orthogonal update. Moonshot's scale $s = 0.2\sqrt{\max(m, n)}$ brings the RMS to 0.2,
 # about that of an AdamW update, so Muon can reuse the learning rate and weight decay tuned for
-# AdamW (arXiv 2502.16982); Keller Jordan's original $s = \sqrt{\max(1, A/B)}$ keeps the
-# RMS at $1/\sqrt{B}$ and needs its own learning rate (0.02 in his runs):
+# AdamW (arXiv 2502.16982); Keller Jordan's original $s = \sqrt{\max(1, m/n)}$ keeps the
+# RMS at $1/\sqrt{n}$ and needs its own learning rate (0.02 in his runs):
 
 # %%
-for A_, B_ in ((64, 256), (256, 64), (7168, 2048)):
-    Q, _ = torch.linalg.qr(torch.randn(max(A_, B_), min(A_, B_)))  # orthonormal columns
-    O = Q if A_ >= B_ else Q.T  # [A, B], singular values 1
+for m_, n_ in ((64, 256), (256, 64), (7168, 2048)):
+    Q, _ = torch.linalg.qr(torch.randn(max(m_, n_), min(m_, n_)))  # orthonormal columns
+    O = Q if m_ >= n_ else Q.T  # [m, n], singular values 1
     rms = O.pow(2).mean().sqrt().item()
-    print(f"[{A_:4d}, {B_:4d}]: RMS of an orthogonal update {rms:.4f} "
-          f"(1/sqrt(max) = {1 / math.sqrt(max(A_, B_)):.4f}); "
-          f"times 0.2 sqrt(max(A, B)): "
-          f"{rms * optim.muon_lr_scale((A_, B_)):.3f}; times sqrt(max(1, A/B)): "
-          f"{rms * optim.muon_lr_scale((A_, B_), 'original'):.4f}")
+    print(f"[{m_:4d}, {n_:4d}]: RMS of an orthogonal update {rms:.4f} "
+          f"(1/sqrt(max) = {1 / math.sqrt(max(m_, n_)):.4f}); "
+          f"times 0.2 sqrt(max(m, n)): "
+          f"{rms * optim.muon_lr_scale((m_, n_)):.3f}; times sqrt(max(1, m/n)): "
+          f"{rms * optim.muon_lr_scale((m_, n_), 'original'):.4f}")
 
 # %% [markdown]
 # ## Muon from scratch, checked against `torch.optim.Muon`
@@ -753,7 +753,7 @@ plt.show()
 # $|q_i \cdot k_j| \le \lVert W_q \rVert_2 \lVert W_k \rVert_2 \lVert x_i \rVert \lVert x_j \rVert$
 # (for MLA, $W_k$ the key rows of `kv_b_proj` and $x_j$ the latent), so the logits grow as the
 # two weights' largest singular values grow. Muon's step has every singular value equal: its
-# spectral norm is the learning rate times Moonshot's scale, $0.2\sqrt{\max(A, B)}$, whatever
+# spectral norm is the learning rate times Moonshot's scale, $0.2\sqrt{\max(m, n)}$, whatever
 # the gradient, and it moves the weight in every direction the gradient points along, the weak
 # ones too. AdamW's elementwise step has no such fixed size. The runs above, at one learning
 # rate, side by side: the average spectral norm of one step's update to the first layer's
@@ -767,7 +767,7 @@ for opt in OPTIMISERS:
           f"end ‖W_q‖₂ {r['q']:.2f}, ‖W_kv_b‖₂ {r['k']:.2f}, largest logit "
           f"{r['max_logit'][-1]:.1f}")
 q_shape = LM(tiny_config()).transformer.h[0].attn.q_proj.weight.shape
-print(f"Muon's step by construction, W_q {list(q_shape)}: lr · 0.2·√max(A, B) = "
+print(f"Muon's step by construction, W_q {list(q_shape)}: lr · 0.2·√max(m, n) = "
       f"{LR_SHOWN * optim.muon_lr_scale(q_shape):.3f}, times Newton-Schulz's band "
       f"({LOW:.2f} to {HIGH:.2f})")
 
@@ -785,42 +785,80 @@ print(f"Muon's step by construction, W_q {list(q_shape)}: lr · 0.2·√max(A, B
 #
 # ## Exercises
 #
-# ```{exercise} The Newton–Schulz orthogonalisation
-# :label: ex-muon-newton-schulz
+# ```{exercise} The largest logit under QK-Norm
+# :label: ex-qk-norm-max-logit
 #
-# Write `newton_schulz(G, steps, a, b, c)`: divide `G` by its Frobenius norm (clamped below
-# at `1e-7`, so that a zero matrix stays zero), transpose it if it is tall, run `steps` times
-# $X \leftarrow aX + (bA + cA^2)X$ with $A = XX^\top$, transpose back, and return the result
-# in `G`'s shape and dtype. The cases include the quintic and the cubic coefficients, one
-# step, a tall matrix, large entries, float32 and a zero matrix.
+# The library refuses to clip a layer that normalises q and k (the caution above). Find out
+# why it would be pointless. One head of such a layer computes $q = \operatorname{RMSNorm}(W_q
+# x) \odot \gamma_q$ and $k = \operatorname{RMSNorm}(W_k x') \odot \gamma_k$ (no epsilon, no
+# rotation in between; $W_q, W_k \in \mathbb{R}^{d \times d_{\text{model}}}$ of full rank
+# $d$) and the logit $q \cdot k / \sqrt d$. Write `max_logit(W_q, W_k, gamma_q, gamma_k)`:
+# the largest logit any inputs $x, x'$ can produce, as a float. The cases include gains at
+# their initial value 1, weights a thousand times too large, and a negative gain.
 # ```
 
 # %%
-def newton_schulz_mine(G, steps, a, b, c):
+def max_logit_mine(W_q, W_k, gamma_q, gamma_k):
     # your code here
     raise NotImplementedError
 
 
 # %% tags=["nbval-check-output"]
-ok = checks.run("muon.newton_schulz", newton_schulz_mine)
+ok = checks.run("qk_norm.max_logit", max_logit_mine)
 
 # %% [markdown]
-# ```{solution-start} ex-muon-newton-schulz
+# ```{solution-start} ex-qk-norm-max-logit
 # :class: dropdown
 # ```
+#
+# RMSNorm divides $W_q x$ by its root-mean-square, so $\hat q$ has length exactly $\sqrt d$:
+# the weights choose its direction and nothing else. The logit is
+# $\sum_j \gamma_{q,j}\gamma_{k,j}\hat q_j \hat k_j / \sqrt d$, largest when both vectors
+# put their whole length on the channel with the largest $|\gamma_{q,j}\gamma_{k,j}|$:
+# $\sqrt d \max_j |\gamma_{q,j}\gamma_{k,j}|$. Scaling $W_q$ and $W_k$, which is all QK-Clip
+# does, cannot change it; only the gains can. (With RoPE between the norm and the product,
+# rotations mix the channels in pairs and the bound becomes $\sqrt d \max|\gamma_q|
+# \max|\gamma_k|$ at most: still free of the weights.)
 
 # %%
-def newton_schulz_solution(G, steps, a, b, c):
-    tall = G.shape[0] > G.shape[1]
-    X = G.T if tall else G
-    X = X / X.norm().clamp_min(1e-7)
-    for _ in range(steps):
-        A = X @ X.T
-        X = a * X + (b * A + c * A @ A) @ X
-    return X.T if tall else X
+def max_logit_solution(W_q, W_k, gamma_q, gamma_k):
+    d = gamma_q.shape[0]
+    return d ** 0.5 * (gamma_q * gamma_k).abs().max().item()
 
 
-ok = checks.run("muon.newton_schulz", newton_schulz_solution)
+ok = checks.run("qk_norm.max_logit", max_logit_solution)
+
+# %% [markdown]
+# Through a head itself: inputs solved to put $\hat q$ and $\hat k$ on the best channel
+# reach the bound, 10,000 random pairs stay below it, and QK-Clip's scaling changes neither.
+
+# %%
+d, d_model = 64, 256
+gen = torch.Generator().manual_seed(0)
+f64 = torch.float64
+W_q, W_k = (torch.randn(d, d_model, generator=gen, dtype=f64) for _ in range(2))
+g_q, g_k = (1 + 0.2 * torch.randn(d, generator=gen, dtype=f64) for _ in range(2))
+
+
+def head_logit(W_q, W_k, x, x2):
+    q = torch.nn.functional.rms_norm(x @ W_q.T, (d,), g_q, eps=0.0)
+    k = torch.nn.functional.rms_norm(x2 @ W_k.T, (d,), g_k, eps=0.0)
+    return (q * k).sum(-1) / d ** 0.5
+
+
+j = (g_q * g_k).abs().argmax()
+e_j = torch.zeros(d, dtype=f64)
+e_j[j] = 1.0
+x_best = torch.linalg.pinv(W_q) @ e_j  # W_q x = e_j
+x2_best = torch.linalg.pinv(W_k) @ (e_j * torch.sign(g_q[j] * g_k[j]))
+xs = torch.randn(10_000, d_model, generator=gen, dtype=f64)
+print(f"bound: {max_logit_solution(W_q, W_k, g_q, g_k):.4f}")
+for eta in (1.0, 0.01):  # QK-Clip's factor, split as sqrt(eta) on each weight
+    Wq, Wk = W_q * eta ** 0.5, W_k * eta ** 0.5
+    reached = head_logit(Wq, Wk, x_best, x2_best).item()
+    sampled = head_logit(Wq, Wk, xs, xs.roll(1, 0)).abs().max().item()
+    print(f"eta = {eta:4}: solved inputs {reached:.4f}, largest of 10,000 random "
+          f"pairs {sampled:.4f}")
 
 # %% [markdown]
 # ```{solution-end}
@@ -881,7 +919,7 @@ ok = checks.run("qk_clip.mla_scales", mla_scales_solution)
 #   $(1.5, -0.5, 0)$ converges to 1 exactly, but slowly from small values.
 # - The momentum is an exponential moving average in its Nesterov form (the same update as a
 #   summed momentum, since the iteration normalises first), and Moonshot's scale
-#   $0.2\sqrt{\max(A, B)}$ gives the update an RMS of 0.2, like AdamW's. `tinyk3.optim.Muon`
+#   $0.2\sqrt{\max(m, n)}$ gives the update an RMS of 0.2, like AdamW's. `tinyk3.optim.Muon`
 #   agrees with `torch.optim.Muon` bit for bit with bf16 Newton–Schulz, and within bf16 rounding (about
 #   $10^{-2}$ of the update) with float32.
 # - QK-Clip rescales, after each step, the query and key weights of every head whose largest

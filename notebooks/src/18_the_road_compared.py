@@ -256,8 +256,7 @@ print(stamp())
 # %%
 corpus = data.encode(data.load_corpus())
 train_data, val_data = data.split(corpus)
-freq = torch.bincount(train_data, minlength=256).double() / len(train_data)
-UNIGRAM = -(freq[freq > 0] * freq[freq > 0].log()).sum().item()  # chapter 1's baseline
+UNIGRAM = data.unigram_entropy(train_data)  # chapter 1's baseline
 print(f"the baseline to beat: byte frequencies alone, {UNIGRAM:.3f} nats/byte "
       f"(chapter 1)")
 EVAL_PAIRS = [2, 4, 8] if SMOKE else [2, 4, 8, 16, 32]
@@ -461,16 +460,11 @@ print(f"Gated DeltaNet, seed 0, no forgetting (A_log = -20, frozen): recall at 8
 from tinyk3.models import presets
 
 
-def decoding_values(cfg, T, kinds):
-    """Numbers one sequence holds after T tokens, in the layers of the given kinds."""
-    return sum(2 * T * cfg.n_embd if m.kind == "softmax" else m.state_numel(1, T)
-               for m in cfg.layer_mixers if m.kind in kinds)
-
-
 def road_end(cfg):
     n = count_parameters(cfg)
     per_token = compare.cache_bytes_per_token(cfg, 2)  # bf16
-    fixed = 4 * decoding_values(cfg, 1, ("kda",))  # float32 bytes
+    # the fixed part: each KDA layer's matrices and convolution windows, float32 bytes
+    fixed = 4 * sum(m.state_numel(1) for m in cfg.layer_mixers if m.kind == "kda")
     full = per_token * cfg.block_size + fixed  # at the released context
     return dict(total=n.total, active=n.active, per_token=per_token, fixed=fixed,
                 context=cfg.block_size, full=full)

@@ -1,5 +1,6 @@
 """Chapter 15 exercises: Kimi Linear's layer pattern read from the released configuration's
-1-based ``full_attn_layers``, and the bytes a hybrid's decoding state holds at a context."""
+1-based ``full_attn_layers``, and the context from which a hybrid needs less decoding memory than
+the same model with MLA in every layer."""
 
 from __future__ import annotations
 
@@ -88,91 +89,115 @@ register(Exercise(
 ))
 
 
-# -- kimi_linear.state_bytes ----------------------------------------------------------------------
+# -- kimi_linear.crossing_context -----------------------------------------------------------------
 
 
-def state_bytes(kinds, length, n_head, head_dim, conv_size, kv_lora_rank, rope_dim, batch,
-                bytes_per_value):
-    """Reference: bytes of a Kimi Linear model's decoding state after ``length`` tokens.
+def crossing_context(config, state_bytes, cache_bytes):
+    """Reference: the shortest context, in tokens, at which a hybrid's decoding memory for one
+    sequence is smaller than that of the same model with MLA in every layer.
 
-    ``kinds``: one ``"kda"`` or ``"mla"`` per layer. A KDA layer keeps, per sequence, ``n_head``
-    matrices ``S`` of ``head_dim × head_dim`` and its three short convolutions' last
-    ``conv_size − 1`` inputs of q, k and v, each ``n_head·head_dim`` wide: a fixed size. A NoPE
-    MLA layer caches, per token, the latent (``kv_lora_rank``) and the shared key channels
-    (``rope_dim``: kept without rotation). Times ``batch`` and ``bytes_per_value``."""
-    H, D, K = n_head, head_dim, conv_size
-    kda = H * D * D + 3 * H * D * (K - 1)
-    mla = length * (kv_lora_rank + rope_dim)
-    values = sum(kda if k == "kda" else mla for k in kinds)
-    return batch * values * bytes_per_value
+    ``config`` is a configuration dict as released (Kimi Linear's or K3's keys). A KDA layer
+    keeps ``num_heads`` matrices of ``head_dim × head_dim`` and its three short convolutions'
+    last ``short_conv_kernel_size − 1`` inputs (q, k, v, each ``num_heads·head_dim`` wide), at
+    ``state_bytes`` a value; an MLA layer caches ``kv_lora_rank + qk_rope_head_dim`` values per
+    token, at ``cache_bytes`` a value. With ``n_kda`` KDA layers of fixed size ``F`` and a cache
+    of ``c`` per token, hybrid < all-MLA ⇔ ``n_kda·F + (L − n_kda)·c·T < L·c·T`` ⇔ ``F < c·T``:
+    the layer split cancels, and the answer is ``F // c + 1``."""
+    lin = config["linear_attn_config"]
+    H, D, K = lin["num_heads"], lin["head_dim"], lin["short_conv_kernel_size"]
+    fixed = (H * D * D + 3 * H * D * (K - 1)) * state_bytes
+    per_token = (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * cache_bytes
+    return fixed // per_token + 1
 
 
-def _bytes_cases(gen) -> list[Case]:
-    del gen
+def _hybrid_config(n_layer, full, H, D, K, r, dr):
+    cfg = _config(n_layer, full)
+    cfg["linear_attn_config"].update(num_heads=H, head_dim=D, short_conv_kernel_size=K)
+    cfg.update(kv_lora_rank=r, qk_rope_head_dim=dr)
+    return cfg
 
-    def case(kinds, T, H, D, K, r, dr, B, nb, label):
-        return Case((tuple(kinds), T, H, D, K, r, dr, B, nb),
-                    label=f"{len(kinds)} layers {''.join(k[0].upper() for k in kinds)}, "
-                          f"T={T:,}, H={H}, head_dim={D}, conv_size={K}, r={r}, dr={dr}, "
-                          f"batch={B}, {nb} bytes per value: {label}")
 
-    kl = ["mla" if i + 1 in (4, 8, 12, 16, 20, 24, 27) else "kda" for i in range(27)]
+def _crossing_cases(gen) -> list[Case]:
+    del gen  # the cases are fixed configurations
+
+    def case(n_layer, full, H, D, K, r, dr, sb, cb, label):
+        cfg = _hybrid_config(n_layer, full, H, D, K, r, dr)
+        n_mla = len(full)
+        return Case((cfg, sb, cb),
+                    label=f"{n_layer - n_mla} KDA + {n_mla} MLA layers, H={H}, head_dim={D}, "
+                          f"conv {K}, r={r}, dr={dr}, state {sb} B, cache {cb} B: {label}")
+
+    kl = [4, 8, 12, 16, 20, 24, 27]
+    k3 = list(range(4, 93, 4)) + [93]
     return [
-        case(["kda"] * 3 + ["mla"], 10, 2, 8, 4, 16, 4, 1, 4, "a tiny 3:1 hybrid, float32"),
-        case(["kda", "mla"], 7, 3, 6, 4, 12, 8, 2, 8, "two sequences, float64"),
-        case(["kda"] * 4, 100, 2, 8, 3, 16, 4, 1, 2, "no MLA layer: the same bytes at any T"),
-        case(["mla"] * 2, 33, 2, 8, 4, 24, 6, 3, 2, "only MLA: grows with T"),
-        case(["kda", "kda", "mla", "kda"], 1, 4, 16, 2, 32, 8, 1, 4, "one token"),
-        case(kl, 1_048_576, 32, 128, 4, 512, 64, 1, 2, "Kimi Linear 48B at 1M tokens, bf16"),
+        case(27, kl, 32, 128, 4, 512, 64, 4, 2, "Kimi Linear 48B, float32 states"),
+        case(27, kl, 32, 128, 4, 512, 64, 2, 2, "Kimi Linear 48B, everything in bf16"),
+        case(93, k3, 96, 128, 4, 512, 64, 4, 2, "Kimi K3, float32 states"),
+        case(4, [4], 2, 8, 4, 13, 4, 2, 2, "tiny: the state is exactly 16 tokens of cache"),
+        case(8, [2, 3, 4, 5, 6, 7, 8], 2, 8, 4, 13, 4, 2, 2, "the same layers, 1 KDA of 8"),
+        case(8, [8], 4, 16, 2, 32, 8, 4, 4, "7 KDA of 8, conv of 2, float32"),
+        case(6, [3, 6], 3, 6, 3, 10, 2, 8, 2, "float64 states, bf16 cache"),
     ]
 
 
-def _mistake_bytes(kind):
-    def fn(kinds, T, H, D, K, r, dr, B, nb):
-        kda = H * D * D + (0 if kind == "no_conv_state" else
-                           3 * H * D * (K if kind == "conv_k_taps" else K - 1))
-        if kind == "kda_grows":
-            kda *= T
-        mla = T * (r if kind == "nope_drops_rope_dim" else r + dr)
-        if kind == "all_layers_cache":
-            values = len(kinds) * mla
-        else:
-            values = sum(kda if k == "kda" else mla for k in kinds)
-        return (1 if kind == "no_batch" else B) * values * nb
+def _mistake_crossing(kind):
+    def fn(config, state_bytes, cache_bytes):
+        lin = config["linear_attn_config"]
+        H, D, K = lin["num_heads"], lin["head_dim"], lin["short_conv_kernel_size"]
+        if kind == "one_head":
+            H = 1
+        taps = {"no_conv_state": 0, "conv_k_taps": K}.get(kind, K - 1)
+        fixed = H * D * D + 3 * H * D * taps
+        c = config["kv_lora_rank"] + (0 if kind == "no_rope_dims" else
+                                      config["qk_rope_head_dim"])
+        if kind == "same_widths":
+            return fixed // c + 1
+        fixed, c = fixed * state_bytes, c * cache_bytes
+        if kind == "equal_not_smaller":
+            return -(-fixed // c)  # the ceiling: where they are equal, not where it is smaller
+        if kind == "own_cache":  # the hybrid's states against the hybrid's own MLA cache
+            n_mla = len(lin["full_attn_layers"])
+            n_kda = config["num_hidden_layers"] - n_mla
+            return n_kda * fixed // (n_mla * c) + 1
+        return fixed // c + 1
 
     return fn
 
 
 register(Exercise(
-    id="kimi_linear.state_bytes",
-    title="the bytes of a hybrid's decoding state",
-    signature="state_bytes(kinds, length, n_head, head_dim, conv_size, kv_lora_rank, rope_dim, "
-              "batch, bytes_per_value) -> int",
-    reference=state_bytes,
-    make_cases=_bytes_cases,
+    id="kimi_linear.crossing_context",
+    title="the break-even context",
+    signature="crossing_context(config: dict, state_bytes: int, cache_bytes: int) -> int",
+    reference=crossing_context,
+    make_cases=_crossing_cases,
     chapter=15,
     mistakes=[
-        Mistake("nope_drops_rope_dim", _mistake_bytes("nope_drops_rope_dim"),
-                "your MLA cache holds kv_lora_rank numbers per token: Kimi Linear's MLA is NoPE "
-                "(nothing is rotated), but it keeps the shared key channels, so a token adds "
-                "kv_lora_rank + rope_dim numbers."),
-        Mistake("no_conv_state", _mistake_bytes("no_conv_state"),
+        Mistake("own_cache", _mistake_crossing("own_cache"),
+                "you found where the hybrid's KDA states weigh as much as the hybrid's own MLA "
+                "cache. The question compares the whole hybrid with the same model all-MLA: "
+                "write both memories for T tokens and subtract; the MLA layers they share "
+                "cancel, and so does the number of KDA layers."),
+        Mistake("equal_not_smaller", _mistake_crossing("equal_not_smaller"),
+                "at your T the two memories are equal, not smaller: you rounded the ratio up. "
+                "The hybrid is smaller when c·T > F, so T = F // c + 1 (one case divides "
+                "exactly)."),
+        Mistake("no_conv_state", _mistake_crossing("no_conv_state"),
                 "your KDA state is the matrices S only: the three short convolutions (q, k, v, "
-                "each n_head·head_dim wide) also keep their last conv_size − 1 inputs."),
-        Mistake("conv_k_taps", _mistake_bytes("conv_k_taps"),
-                "your convolution state keeps conv_size inputs: the current token arrives with "
-                "the next call, so the state holds the last conv_size − 1."),
-        Mistake("kda_grows", _mistake_bytes("kda_grows"),
-                "your KDA state grows with the length: S is head_dim × head_dim per head "
-                "whatever the number of tokens; only the MLA layers grow."),
-        Mistake("all_layers_cache", _mistake_bytes("all_layers_cache"),
-                "you gave every layer an MLA cache: only the layers of kind 'mla' keep one; the "
-                "KDA layers keep a fixed-size state."),
-        Mistake("no_batch", _mistake_bytes("no_batch"),
-                "your count is for one sequence: every sequence of the batch has its own state "
-                "and cache, so multiply by batch."),
+                "each num_heads·head_dim wide) also keep their last K − 1 inputs."),
+        Mistake("conv_k_taps", _mistake_crossing("conv_k_taps"),
+                "your convolution state keeps short_conv_kernel_size inputs: the current "
+                "token arrives with the next call, so the state holds the last K − 1."),
+        Mistake("no_rope_dims", _mistake_crossing("no_rope_dims"),
+                "your MLA cache holds kv_lora_rank values per token: the layers are NoPE, but "
+                "the cache also keeps the shared key channels, qk_rope_head_dim of them."),
+        Mistake("same_widths", _mistake_crossing("same_widths"),
+                "you compared numbers of values: the state and the cache are stored at "
+                "different widths (state_bytes and cache_bytes), so compare bytes."),
+        Mistake("one_head", _mistake_crossing("one_head"),
+                "your KDA state is one head's: a layer keeps num_heads matrices of "
+                "head_dim × head_dim (and convolution windows num_heads·head_dim wide)."),
     ],
-    hint="per KDA layer n_head·head_dim² + 3·n_head·head_dim·(conv_size − 1) values; per MLA "
-         "layer length·(kv_lora_rank + rope_dim); sum over kinds, times batch and "
-         "bytes_per_value.",
+    hint="per KDA layer F = (H·D² + 3·H·D·(K − 1))·state_bytes bytes, fixed; per MLA layer "
+         "c = (kv_lora_rank + qk_rope_head_dim)·cache_bytes bytes per token. The hybrid "
+         "is smaller when n_kda·F < n_kda·c·T, so return F // c + 1.",
 ))

@@ -1,5 +1,6 @@
-"""Chapter 16 exercises: Muon's Newton–Schulz orthogonalisation, and QK-Clip's per-row scales
-for an MLA layer (the clip factors and the split between q_nope, q_rope and k_nope)."""
+"""Chapter 16 exercises: the largest logit a QK-Norm head can produce (it does not depend on the
+weights, so clipping them changes nothing), and QK-Clip's per-row scales for an MLA layer (the
+clip factors and the split between q_nope, q_rope and k_nope)."""
 
 from __future__ import annotations
 
@@ -7,91 +8,109 @@ import torch
 
 from .core import Case, Exercise, Mistake, register
 
-# -- muon.newton_schulz ---------------------------------------------------------------------------
+# -- qk_norm.max_logit ----------------------------------------------------------------------------
 
 
-def newton_schulz(G, steps, a, b, c):
-    """Reference: ``X₀ = G / max(‖G‖_F, 1e-7)`` (a tall ``G`` transposed first), then ``steps``
-    times ``A = X Xᵀ``, ``X ← aX + (bA + cA²)X``; transposed back; in ``G``'s dtype."""
-    return _ns(G, steps, a, b, c)
+def max_logit(W_q, W_k, gamma_q, gamma_k):
+    """Reference: the largest attention logit one head of a QK-Norm layer can produce, over all
+    inputs. The head computes ``q = RMSNorm(W_q x) ⊙ γ_q`` and ``k = RMSNorm(W_k x') ⊙ γ_k``
+    (eps 0, no rotation between the norm and the product; ``W_q, W_k [d, d_model]`` of full
+    rank ``d``) and the logit ``q·k / √d``. The normed vectors have length exactly ``√d`` and,
+    with full-rank weights, any direction, so the supremum puts both on the channel ``j`` with
+    the largest ``|γ_q,j γ_k,j|``: ``√d · max_j |γ_q,j γ_k,j|``, whatever the weights."""
+    d = gamma_q.shape[0]
+    return d ** 0.5 * float((gamma_q.double() * gamma_k.double()).abs().max())
 
 
-def _ns(G, steps, a, b, c, *, norm="fro", eps=1e-7, swap_bc=False, back=True,
-        dtype=None, extra_steps=0):
-    """The iteration, with the keyword arguments switching to mistakes."""
-    X = G.to(dtype or G.dtype)
-    tall = X.shape[0] > X.shape[1]
-    if tall:
-        X = X.T
-    if norm == "fro":
-        X = X / X.norm().clamp_min(eps) if eps else X / X.norm()
-    elif norm == "spectral":
-        X = X / torch.linalg.matrix_norm(X, ord=2)
-    if swap_bc:
-        b, c = c, b
-    for _ in range(steps + extra_steps):
-        A = X @ X.T
-        X = a * X + (b * A + c * (A @ A)) @ X
-    if tall and back:
-        X = X.T
-    return X.to(G.dtype)
+def _logit_cases(gen: torch.Generator) -> list[Case]:
+    def weights(d, d_model, scale):
+        W_q = scale * torch.randn(d, d_model, generator=gen, dtype=torch.float64)
+        W_k = scale * torch.randn(d, d_model, generator=gen, dtype=torch.float64)
+        return W_q, W_k
 
+    def case(d, d_model, scale, gamma_q, gamma_k, label):
+        W_q, W_k = weights(d, d_model, scale)
+        return Case((W_q, W_k, gamma_q.double(), gamma_k.double()),
+                    label=f"d={d}, d_model={d_model}, weights ×{scale:g}: {label}")
 
-def _ns_cases(gen: torch.Generator) -> list[Case]:
-    quintic = (3.4445, -4.7750, 2.0315)
+    def spread(d, lo, hi):
+        return lo + (hi - lo) * torch.rand(d, generator=gen, dtype=torch.float64)
 
-    def case(m, n, steps, label, *, coeffs=quintic, scale=1.0, zero=False, dtype=torch.float64):
-        G = scale * torch.randn(m, n, generator=gen, dtype=torch.float64)
-        if zero:
-            G = torch.zeros(m, n, dtype=torch.float64)
-        return Case((G.to(dtype), steps) + tuple(coeffs),
-                    label=f"G [{m}, {n}], {steps} steps, (a, b, c) = {coeffs}: {label}")
-
+    d = 16  # the largest gains on different channels
+    g_q, g_k = spread(d, 0.5, 1.0), spread(d, 0.5, 1.0)
+    g_q[0], g_k[1] = 3.0, 3.0
+    g_q[5], g_k[5] = 2.0, 2.0
+    signed_q, signed_k = spread(64, 0.2, 1.0), spread(64, 0.2, 1.0)
+    signed_q[7], signed_k[7] = -2.5, 2.0  # the largest |product| is negative
+    zero_q = spread(4, 0.5, 1.5)
+    zero_q[2] = 0.0
+    trained = (1 + 0.3 * torch.randn(32, generator=gen, dtype=torch.float64)).abs()
     return [
-        case(16, 32, 5, "a wide matrix, Muon's five steps"),
-        case(40, 12, 5, "a tall matrix: transposed, and back"),
-        case(24, 24, 1, "one step", scale=30.0),
-        case(20, 30, 5, "large entries: the normalisation matters", scale=1e3),
-        case(12, 18, 8, "the classic cubic (1.5, -0.5, 0): towards U Vᵀ",
-             coeffs=(1.5, -0.5, 0.0)),
-        case(32, 48, 5, "float32: keep the dtype", dtype=torch.float32),
-        case(6, 10, 5, "a zero matrix: the eps guard gives zeros", zero=True),
+        case(8, 16, 1.0, torch.ones(8), torch.ones(8), "gains at their initial value 1"),
+        case(d, 32, 1.0, g_q, g_k, "the largest gains on different channels"),
+        case(64, 64, 0.1, signed_q, signed_k, "a negative gain: the logit's size counts"),
+        case(128, 256, 1000.0, spread(128, 0.9, 1.1), spread(128, 0.9, 1.1),
+             "huge weights (as after a logit blow-up)"),
+        case(4, 8, 1e-3, zero_q, spread(4, 0.5, 1.5), "tiny weights, a gain of zero"),
+        case(32, 48, 1.0, trained, trained.flip(0), "gains as training leaves them"),
     ]
 
 
+def _mistake_logit(kind):
+    def fn(W_q, W_k, gamma_q, gamma_k):
+        d = gamma_q.shape[0]
+        gq, gk = gamma_q.double(), gamma_k.double()
+        if kind == "separate_maxima":
+            return d ** 0.5 * float(gq.abs().max() * gk.abs().max())
+        if kind == "gain_norms":
+            return float(gq.norm() * gk.norm()) / d ** 0.5
+        if kind == "signed":
+            return d ** 0.5 * float((gq * gk).max())
+        top = float((gq * gk).abs().max())
+        if kind == "unit_length":
+            return top / d ** 0.5
+        if kind == "no_scale":
+            return d * top
+        if kind == "weights_too":  # the un-normed bound's spectral norms kept
+            return d ** 0.5 * top * float(torch.linalg.matrix_norm(W_q.double(), 2)
+                                          * torch.linalg.matrix_norm(W_k.double(), 2))
+        raise ValueError(kind)
+
+    return fn
+
+
 register(Exercise(
-    id="muon.newton_schulz",
-    title="the Newton–Schulz orthogonalisation",
-    signature="newton_schulz(G [m, n], steps, a, b, c) -> X [m, n]",
-    reference=newton_schulz,
-    make_cases=_ns_cases,
+    id="qk_norm.max_logit",
+    title="the largest logit under QK-Norm",
+    signature="max_logit(W_q, W_k, gamma_q, gamma_k) -> float",
+    reference=max_logit,
+    make_cases=_logit_cases,
     chapter=16,
-    atol=1e-5,
-    rtol=1e-4,
     mistakes=[
-        Mistake("no_normalisation", lambda G, s, a, b, c: _ns(G, s, a, b, c, norm=None),
-                "you iterate on G itself: a singular value above 1 grows like σ⁵ at every "
-                "step. Divide by the Frobenius norm first, X = G / G.norm(), so that every "
-                "singular value is at most 1."),
-        Mistake("spectral_norm", lambda G, s, a, b, c: _ns(G, s, a, b, c, norm="spectral"),
-                "you divided by the largest singular value: Muon divides by the Frobenius "
-                "norm, G.norm() (cheap, no SVD, and ≥ the spectral norm), which puts the "
-                "singular values at different points of the polynomial."),
-        Mistake("no_eps", lambda G, s, a, b, c: _ns(G, s, a, b, c, eps=0.0),
-                "a zero G gives 0/0 = NaN: divide by G.norm().clamp_min(1e-7) (Muon's eps), "
-                "so the zero matrix stays zero."),
-        Mistake("b_and_c_swapped", lambda G, s, a, b, c: _ns(G, s, a, b, c, swap_bc=True),
-                "b and c are swapped: the step is X ← aX + (bA + cA²)X with A = X Xᵀ, so b "
-                "goes with A (σ³) and c with A² (σ⁵)."),
-        Mistake("not_transposed_back", lambda G, s, a, b, c: _ns(G, s, a, b, c, back=False),
-                "for a tall G you work on Gᵀ (the smaller Gram matrix) but return the result "
-                "transposed: transpose it back to G's shape [m, n]."),
-        Mistake("one_step_short", lambda G, s, a, b, c: _ns(G, s, a, b, c, extra_steps=-1),
-                "one step short: run the update exactly `steps` times, for _ in range(steps)."),
+        Mistake("weights_too", _mistake_logit("weights_too"),
+                "your bound grows with the weights: RMSNorm divides W_q x by its own RMS, so "
+                "the normed q has length √d whatever W_q and x are. The weights choose only "
+                "its direction, and with full rank every direction is reachable."),
+        Mistake("separate_maxima", _mistake_logit("separate_maxima"),
+                "max|γ_q|·max|γ_k| is an upper bound but not the largest logit when the two "
+                "largest gains sit on different channels: the logit is Σ_j γ_q,j γ_k,j "
+                "q̂_j k̂_j / √d, so the channels pair up. Take max_j |γ_q,j γ_k,j|."),
+        Mistake("gain_norms", _mistake_logit("gain_norms"),
+                "‖γ_q‖·‖γ_k‖ / √d treats every entry of the normed vectors as ±1: the norm "
+                "fixes their length (√d), not their entries, so the largest logit puts the "
+                "whole length on the best channel."),
+        Mistake("unit_length", _mistake_logit("unit_length"),
+                "RMSNorm makes the root-mean-square of the entries 1, not the length: a "
+                "d-vector with RMS 1 has length √d."),
+        Mistake("no_scale", _mistake_logit("no_scale"),
+                "the logit is divided by √d (the softmax scale): d·max|γ_q γ_k| / √d."),
+        Mistake("signed", _mistake_logit("signed"),
+                "a negative γ_q,j γ_k,j gives a large logit too (flip the sign of k̂): take "
+                "the largest |γ_q,j γ_k,j|."),
     ],
-    hint="X = G / G.norm().clamp_min(1e-7), transposed if G is tall; then `steps` times A = "
-         "X @ X.T; X = a * X + (b * A + c * A @ A) @ X; transpose back if you transposed. "
-         "Compute in G's own dtype: bfloat16 (torch.optim.Muon's choice) is off by ~1e-2.",
+    hint="RMSNorm leaves q̂ = W_q x / RMS(W_q x) of length √d whatever the weights; the logit "
+         "is Σ_j γ_q,j γ_k,j q̂_j k̂_j / √d. Put all of q̂ and k̂ (±√d) on the channel j with "
+         "the largest |γ_q,j γ_k,j|: √d · max_j |γ_q,j γ_k,j|.",
 ))
 
 

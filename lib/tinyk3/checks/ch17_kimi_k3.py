@@ -1,6 +1,6 @@
 """Chapter 17 exercises: one read of Kimi K3's block attention residuals (a softmax over depth
-of RMS-normed sources against one learned vector, values the raw sources), and SiTU-GLU, the
-soft-capped gated unit of every K3 feed-forward network."""
+of RMS-normed sources against one learned vector, values the raw sources), and the routed
+experts' share of K3's parameters, counted from its released configuration."""
 
 from __future__ import annotations
 
@@ -114,97 +114,115 @@ register(Exercise(
 ))
 
 
-# -- kimi_k3.situ_glu -----------------------------------------------------------------------------
+# -- kimi_k3.routed_experts ------------------------------------------------------------------------
 
 
-def situ_glu(gate, up):
-    """Reference: Kimi K3's SiTU-GLU, ``4·tanh(g/4)·σ(g) · 25·tanh(u/25)``: SiLU's gate with
-    ``g`` soft-capped at 4 before the sigmoid's weighting, times the value soft-capped at 25.
-    Computed in float64, returned in ``gate``'s dtype."""
-    g, u = gate.double(), up.double()
-    return (4 * torch.tanh(g / 4) * torch.sigmoid(g) * 25 * torch.tanh(u / 25)).to(gate.dtype)
+def routed_experts(config):
+    """Reference: ``(total, active)``, the parameters of the routed experts of a K3-style
+    configuration dict (K3's released keys). Layers ``0 … first_k_dense_replace − 1`` (0-based)
+    have a dense feed-forward; each later layer (``moe_layer_freq`` is 1 in every case) has
+    ``num_experts`` routed experts, each a gated unit of three matrices of
+    ``moe_intermediate_size × routed_expert_hidden_size`` (the latent width the experts work
+    in: smaller than ``hidden_size`` in K3's latent MoE, equal to it in a DeepSeek-V3-shaped
+    one). A token uses ``num_experts_per_token`` of them per MoE layer; the shared experts are
+    not routed and not counted here."""
+    n_moe = config["num_hidden_layers"] - config["first_k_dense_replace"]
+    per_expert = 3 * config["moe_intermediate_size"] * config["routed_expert_hidden_size"]
+    return (n_moe * config["num_experts"] * per_expert,
+            n_moe * config["num_experts_per_token"] * per_expert)
 
 
-def _mistake_situ(kind):
-    def fn(gate, up):
-        g, u = gate.double(), up.double()
-        if kind == "silu_glu":
-            y = torch.nn.functional.silu(g) * u
-        elif kind == "caps_swapped":
-            y = 25 * torch.tanh(g / 25) * torch.sigmoid(g) * 4 * torch.tanh(u / 4)
-        elif kind == "no_sigmoid":
-            y = 4 * torch.tanh(g / 4) * 25 * torch.tanh(u / 25)
-        elif kind == "value_uncapped":
-            y = 4 * torch.tanh(g / 4) * torch.sigmoid(g) * u
-        elif kind == "gate_uncapped":
-            y = torch.nn.functional.silu(g) * 25 * torch.tanh(u / 25)
-        elif kind == "silu_capped":  # the cap on SiLU's output instead of on g
-            y = 4 * torch.tanh(torch.nn.functional.silu(g) / 4) * 25 * torch.tanh(u / 25)
-        elif kind == "hard_clamp":
-            y = torch.nn.functional.silu(g.clamp(-4, 4)) * u.clamp(-25, 25)
-        elif kind == "tanh_unscaled":
-            y = torch.tanh(g) * torch.sigmoid(g) * torch.tanh(u)
-        else:
-            raise ValueError(kind)
-        return y.to(gate.dtype)
+def _k3_like(**changes):
+    keys = ("num_hidden_layers", "hidden_size", "first_k_dense_replace", "num_experts",
+            "num_experts_per_token", "num_shared_experts", "moe_intermediate_size",
+            "routed_expert_hidden_size", "moe_layer_freq", "intermediate_size")
+    k3 = {"num_hidden_layers": 93, "hidden_size": 7168, "first_k_dense_replace": 1,
+          "num_experts": 896, "num_experts_per_token": 16, "num_shared_experts": 2,
+          "moe_intermediate_size": 3072, "routed_expert_hidden_size": 3584,
+          "moe_layer_freq": 1, "intermediate_size": 33792}
+    assert set(changes) <= set(keys)
+    return dict(k3, **changes)
+
+
+def _experts_cases(gen: torch.Generator) -> list[Case]:
+    del gen  # the cases are fixed configurations
+
+    def case(label, **changes):
+        cfg = _k3_like(**changes)
+        return Case((cfg,), label=f"{cfg['num_hidden_layers']} layers "
+                                  f"({cfg['first_k_dense_replace']} dense), "
+                                  f"{cfg['num_experts']} experts, "
+                                  f"{cfg['num_experts_per_token']} per token, "
+                                  f"{cfg['moe_intermediate_size']} × "
+                                  f"{cfg['routed_expert_hidden_size']} of width "
+                                  f"{cfg['hidden_size']}: {label}")
+
+    return [
+        case("Kimi K3 as released"),
+        case("DeepSeek-V3's shape: experts at full width", num_hidden_layers=61,
+             first_k_dense_replace=3, num_experts=256, num_experts_per_token=8,
+             num_shared_experts=1, moe_intermediate_size=2048, routed_expert_hidden_size=7168,
+             intermediate_size=18432),
+        case("Kimi K2's shape", num_hidden_layers=61, num_experts=384, num_experts_per_token=8,
+             num_shared_experts=1, moe_intermediate_size=2048, routed_expert_hidden_size=7168,
+             intermediate_size=18432),
+        case("tiny: a latent half the width", num_hidden_layers=4, hidden_size=16,
+             num_experts=8, num_experts_per_token=2, moe_intermediate_size=12,
+             routed_expert_hidden_size=8, intermediate_size=48),
+        case("tiny: no dense layer", num_hidden_layers=3, hidden_size=32,
+             first_k_dense_replace=0, num_experts=6, num_experts_per_token=3,
+             moe_intermediate_size=20, routed_expert_hidden_size=24, intermediate_size=64),
+        case("K3 with three dense layers", first_k_dense_replace=3),
+    ]
+
+
+def _mistake_experts(kind):
+    def fn(config):
+        L, dense = config["num_hidden_layers"], config["first_k_dense_replace"]
+        n_moe = {"every_layer": L, "dense_one_based": L - dense + 1}.get(kind, L - dense)
+        width = config["hidden_size" if kind == "hidden_not_latent" else
+                       "routed_expert_hidden_size"]
+        per = (2 if kind == "two_matrices" else 3) * config["moe_intermediate_size"] * width
+        k = config["num_experts_per_token"]
+        if kind == "shared_in_active":
+            k += config["num_shared_experts"]
+        total = n_moe * config["num_experts"] * per
+        return total, (total if kind == "all_active" else n_moe * k * per)
 
     return fn
 
 
-def _situ_cases(gen: torch.Generator) -> list[Case]:
-    def case(shape, g_scale, u_scale, label, *, g_shift=0.0, dtype=torch.float32):
-        g = g_shift + g_scale * torch.randn(*shape, generator=gen, dtype=torch.float64)
-        u = u_scale * torch.randn(*shape, generator=gen, dtype=torch.float64)
-        return Case((g.to(dtype), u.to(dtype)),
-                    label=f"gate ~ {g_shift:+g} + {g_scale:g}·N(0,1), up ~ {u_scale:g}·N(0,1), "
-                          f"shape {list(shape)}: {label}")
-
-    return [
-        case((4, 8), 1.0, 1.0, "inputs of order one: close to SiLU-GLU, not equal"),
-        case((3, 16), 10.0, 60.0, "large inputs: both caps bite"),
-        case((2, 5, 8), 20.0, 2.0, "a large gate, a small value"),
-        case((2, 32), 1.5, 80.0, "a large value, a small gate"),
-        case((4, 8), 3.0, 5.0, "negative gates: SiLU's dip below zero", g_shift=-3.0),
-        case((3, 12), 8.0, 40.0, "float64: keep the dtype", dtype=torch.float64),
-    ]
-
-
 register(Exercise(
-    id="kimi_k3.situ_glu",
-    title="SiTU-GLU",
-    signature="situ_glu(gate [...], up [...]) -> [...]",
-    reference=situ_glu,
-    make_cases=_situ_cases,
+    id="kimi_k3.routed_experts",
+    title="the routed experts' parameters",
+    signature="routed_experts(config: dict) -> (total: int, active: int)",
+    reference=routed_experts,
+    make_cases=_experts_cases,
     chapter=17,
-    atol=1e-5,
-    rtol=1e-5,
     mistakes=[
-        Mistake("silu_glu", _mistake_situ("silu_glu"),
-                "that is SiLU-GLU, silu(g) · u, without caps: SiTU-GLU is 4·tanh(g/4)·σ(g) · "
-                "25·tanh(u/25)."),
-        Mistake("caps_swapped", _mistake_situ("caps_swapped"),
-                "the caps are swapped: the gate is capped at 4, 4·tanh(g/4)·σ(g), and the value "
-                "at 25, 25·tanh(u/25)."),
-        Mistake("no_sigmoid", _mistake_situ("no_sigmoid"),
-                "the sigmoid is missing: the gate is SiLU's g·σ(g) with g soft-capped, "
-                "4·tanh(g/4)·σ(g); without σ(g) a negative gate lets a large negative value "
-                "through."),
-        Mistake("value_uncapped", _mistake_situ("value_uncapped"),
-                "the value is not capped: multiply by 25·tanh(u/25), not by u."),
-        Mistake("gate_uncapped", _mistake_situ("gate_uncapped"),
-                "the gate is not capped: replace g in g·σ(g) by 4·tanh(g/4), so the gate "
-                "stays below 4."),
-        Mistake("silu_capped", _mistake_situ("silu_capped"),
-                "you capped SiLU's output, 4·tanh(silu(g)/4): the cap goes on g inside the "
-                "SiLU, 4·tanh(g/4)·σ(g) (the sigmoid still sees the raw g)."),
-        Mistake("hard_clamp", _mistake_situ("hard_clamp"),
-                "you clamped g and u: SiTU's caps are soft, β·tanh(x/β), smooth and with a "
-                "gradient everywhere; and the sigmoid sees the raw g: 4·tanh(g/4)·σ(g) · "
-                "25·tanh(u/25)."),
-        Mistake("tanh_unscaled", _mistake_situ("tanh_unscaled"),
-                "tanh(g)·σ(g)·tanh(u) caps at 1: a soft cap at β is β·tanh(x/β), which is x "
-                "for small x and β for large x (β = 4 for the gate, 25 for the value)."),
+        Mistake("hidden_not_latent", _mistake_experts("hidden_not_latent"),
+                "your experts are hidden_size wide: K3's routed experts work in the latent, "
+                "routed_expert_hidden_size (3,584, half of 7,168); a projection down and up "
+                "surrounds them and belongs to the layer, not to the experts."),
+        Mistake("every_layer", _mistake_experts("every_layer"),
+                "you gave every layer experts: the first first_k_dense_replace layers have a "
+                "dense feed-forward instead."),
+        Mistake("dense_one_based", _mistake_experts("dense_one_based"),
+                "one MoE layer too many: first_k_dense_replace is the number of dense layers "
+                "at the start (0-based layers 0 … k − 1), so num_hidden_layers − k layers have "
+                "experts."),
+        Mistake("two_matrices", _mistake_experts("two_matrices"),
+                "an expert is a gated unit with three matrices (gate, up and down), each "
+                "moe_intermediate_size × routed_expert_hidden_size."),
+        Mistake("shared_in_active", _mistake_experts("shared_in_active"),
+                "the shared experts are not routed experts (and in K3 they run at full width, "
+                "with their own size): a token uses num_experts_per_token routed experts per "
+                "layer."),
+        Mistake("all_active", _mistake_experts("all_active"),
+                "your active count is the total: a token goes through num_experts_per_token "
+                "of the num_experts experts in each MoE layer."),
     ],
-    hint="g, u = gate.double(), up.double(); return (4 * tanh(g / 4) * sigmoid(g) * 25 * "
-         "tanh(u / 25)) in gate's dtype.",
+    hint="n_moe = num_hidden_layers − first_k_dense_replace; per expert 3 · "
+         "moe_intermediate_size · routed_expert_hidden_size; total n_moe · num_experts · per, "
+         "active n_moe · num_experts_per_token · per.",
 ))
