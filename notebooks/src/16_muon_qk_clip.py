@@ -828,11 +828,8 @@ def max_logit_solution(W_q, W_k, gamma_q, gamma_k):
 
 ok = checks.run("qk_norm.max_logit", max_logit_solution)
 
-# %% [markdown]
-# Through a head itself: inputs solved to put $\hat q$ and $\hat k$ on the best channel
-# reach the bound, 10,000 random pairs stay below it, and QK-Clip's scaling changes neither.
-
-# %%
+# Through a head itself: inputs solved to put q̂ and k̂ on the best channel reach the
+# bound, 10,000 random pairs stay below it, and QK-Clip's scaling changes neither.
 d, d_model = 64, 256
 gen = torch.Generator().manual_seed(0)
 f64 = torch.float64
