@@ -8,18 +8,23 @@ Chromium (driven by Playwright; no browser is ever downloaded), and fails a page
 * any console error or uncaught page error;
 * math that MathJax did not render, or raw TeX left in the text (any ``$``, ``\\(``, ``\\[``);
 * a page wider than the screen (it would scroll sideways as a whole);
+* a table cell squeezed narrower than a few characters of its text; an inline formula cut
+  off at the right with no way to scroll; an output of more than 30 lines not folded;
 * code or output blocks that scroll sideways: none on a desktop (code is at most 88 columns,
-  outputs wrap); on a phone outputs still wrap and only code and wide tables or equations
-  scroll, inside their own box with a shadow that shows it (counted per page in
+  outputs wrap, except aligned ones: tables, listings and diffs, which site.js marks); on a
+  phone only code, aligned outputs and wide tables or equations scroll, inside their own box
+  with a shadow that shows it (counted per page in
   _build/screenshots/<view>/<page>.overflow.json); none in print;
 * on a phone: the chapter menu (☰) and the in-page contents do not open when tapped; the
-  title fills more than half of the first screen;
-* on a desktop: ☰ does not collapse the sidebar; a solution that is not folded or does not
+  chapter menu opens with the current page's entry off-screen; the contents stay open after
+  an entry is tapped; the title fills more than half of the first screen;
+* on a desktop: ☰ does not collapse the sidebar or shows no keyboard focus; a launch badge
+  below WCAG AA contrast (4.5 : 1); a solution that is not folded or does not
   unfold; a chapter (``notebooks/NN_…``, not an appendix notebook) without a solution;
 * on chapter pages: no figure; a figure without a caption or with alt text that is a file
   name; a figure shown smaller than its size (squeezed); no "Open in Colab" badge in the
   first screen; a widget that did not render or does not respond to its sliders, shows
-  indices instead of values, or does not fit a phone.
+  indices instead of values, does not fit a phone, or whose picture has no alt text.
 
 A full-page screenshot of every page at both widths lands in _build/screenshots/<view>/.
 TINYK3_SITE=/path/to/_build/html checks another build (its book root is two levels up).
@@ -63,8 +68,9 @@ KNOWN_HARMLESS = (
 )
 
 # Raw TeX left in the rendered text (code, scripts and rendered math removed first): any
-# dollar sign, \( or \[, or an environment. The course's prose has no prices.
-RAW_TEX = re.compile(r"\$|\\\(|\\\[|\\begin\{[A-Za-z*]+\}")
+# dollar sign, \( or \[, an environment, or a command such as \Gamma (a section title with
+# math, quoted by {ref}, lands in link text as TeX). The course's prose has no prices.
+RAW_TEX = re.compile(r"\$|\\\(|\\\[|\\begin\{[A-Za-z*]+\}|\\[A-Za-z]{2,}\b")
 # Math in a page source: $$, $...$, \( \[, {math} roles/directives, amsmath environments.
 SOURCE_MATH = re.compile(
     r"\$\$|(?<![\\$\w])\$[^$\s][^$\n]*?(?<![\\\s])\$|\\\(|\\\[|\{math\}|\\begin\{[a-z]+\*?\}"
@@ -196,12 +202,13 @@ JS_OVERFLOW = """() => {
   const root = document.querySelector('article') || document.body;
   const kind = b => b.closest('.cell_input') ? 'code'
     : b.closest('.widget-subarea') ? 'widget'
+    : b.matches('.cell_output pre.tinyk3-aligned') ? 'aligned'
     : b.closest('.cell_output') ? 'output'
     : b.matches('.pst-scrollable-table-container') ? 'table'
     : b.matches('mjx-container') ? 'math' : 'listing';
   const blocks = [...root.querySelectorAll(
     'pre, .pst-scrollable-table-container, mjx-container[display="true"]')];
-  const counts = {code: 0, output: 0, widget: 0, table: 0, math: 0, listing: 0};
+  const counts = {code: 0, output: 0, aligned: 0, widget: 0, table: 0, math: 0, listing: 0};
   const examples = [];
   const unmarked = [];
   for (const b of blocks) {
@@ -210,12 +217,76 @@ JS_OVERFLOW = """() => {
     counts[k] += 1;
     if (examples.length < 4) examples.push(`${k}: ${b.textContent.trim().slice(0, 70)}`);
     const cs = getComputedStyle(b);
-    if ((k === 'table' || k === 'math') && !(cs.overflowX === 'auto'
+    if ((k === 'table' || k === 'math' || k === 'aligned') && !(cs.overflowX === 'auto'
         && cs.backgroundImage.includes('gradient'))) unmarked.push(k);
   }
   const de = document.documentElement;
   return {counts, examples, unmarked, blocks: blocks.length,
           page: de.scrollWidth, screen: de.clientWidth};
+}"""
+
+# What a reader cannot read on a page: table cells squeezed narrower than a few characters
+# (their longest word, at most 4), inline formulas cut off with no way to scroll, and outputs
+# of more than 30 lines not folded (site.js folds them behind a summary).
+JS_LAYOUT = """() => {
+  const root = document.querySelector('article') || document.body;
+  const ctx = document.createElement('canvas').getContext('2d');
+  const squeezed = [];
+  for (const cell of root.querySelectorAll('td, th')) {
+    const text = cell.textContent.trim();
+    if (!text || !cell.checkVisibility()) continue;
+    const cs = getComputedStyle(cell);
+    ctx.font = cs.font;
+    const ch = ctx.measureText('0').width;
+    const width = cell.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+    const need = Math.min(4, Math.max(...text.split(/\\s+/).map(w => w.length)));
+    if (width < need * ch - 1) squeezed.push(`${text.slice(0, 30)} (${(width / ch).toFixed(1)} ch)`);
+  }
+  const clipped = [];
+  for (const c of root.querySelectorAll('mjx-container:not([display="true"])')) {
+    if (!c.checkVisibility()) continue;
+    const r = c.getBoundingClientRect();
+    const inner = c.firstElementChild ? c.firstElementChild.getBoundingClientRect() : r;
+    const scrolls = o => o === 'auto' || o === 'scroll';
+    let cut = inner.width > r.width + 1 && !scrolls(getComputedStyle(c).overflowX);
+    for (let a = c.parentElement; a && a !== root && !cut; a = a.parentElement) {
+      const s = getComputedStyle(a);
+      if (s.overflowX === 'visible') continue;
+      cut = r.right > a.getBoundingClientRect().right + 1 && !scrolls(s.overflowX);
+      break;
+    }
+    if (cut) clipped.push(c.textContent.slice(0, 50));
+  }
+  const long = [...root.querySelectorAll('div.cell_output pre')]
+    .filter(p => p.textContent.replace(/\\n+$/, '').split('\\n').length > 30
+                 && !p.closest('details'))
+    .map(p => p.textContent.trim().slice(0, 60));
+  return {squeezed, clipped, long};
+}"""
+
+# Keyboard focus on ☰ (after a key press, so that :focus-visible applies) and the launch
+# badges' contrast (WCAG AA: 4.5 : 1 for their text size).
+JS_FOCUS_AND_CONTRAST = """() => {
+  const toggle = [...document.querySelectorAll('.primary-toggle')].find(b => b.checkVisibility());
+  let focus = null;
+  if (toggle) {
+    toggle.focus();
+    const cs = getComputedStyle(toggle);
+    focus = {visible: toggle.matches(':focus-visible'),
+             outline: cs.outlineStyle !== 'none' && parseFloat(cs.outlineWidth) >= 2,
+             shadow: cs.boxShadow !== 'none'};
+    toggle.blur();
+  }
+  const rgb = c => (c.match(/[\\d.]+/g) || []).slice(0, 3).map(Number);
+  const lum = c => { const v = rgb(c).map(x => { x /= 255;
+    return x <= 0.03928 ? x / 12.92 : Math.pow((x + 0.055) / 1.055, 2.4); });
+    return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; };
+  const badges = [...document.querySelectorAll('a.tinyk3-launch')].map(a => {
+    const cs = getComputedStyle(a);
+    const [l1, l2] = [lum(cs.color), lum(cs.backgroundColor)].sort((x, y) => y - x);
+    return {text: a.textContent.trim(), ratio: (l1 + 0.05) / (l2 + 0.05)};
+  });
+  return {focus, badges};
 }"""
 
 JS_SIDEBARS = """() => {
@@ -228,6 +299,19 @@ JS_SIDEBARS = """() => {
           secondaryModal: !!(secondary && secondary.open),
           secondaryLinks: secondary ? secondary.querySelectorAll('a').length : 0,
           sidebar: box(document.querySelector('.bd-sidebar-primary'))};
+}"""
+
+# The alt text of every visible picture in a widget (site.js writes it from the sliders).
+JS_WIDGET_ALT = """() => [...document.querySelectorAll('.widget-subarea img')]
+  .filter(im => im.checkVisibility()).map(im => im.getAttribute('alt') || '')"""
+
+# In the opened chapter menu: is the current page's entry on screen? (None: no such entry.)
+JS_CURRENT_IN_MENU = """() => {
+  const menu = document.getElementById('pst-primary-sidebar-modal');
+  const cur = menu ? [...menu.querySelectorAll('li.current > a, a.current')].pop() : null;
+  if (!cur) return null;
+  const r = cur.getBoundingClientRect();
+  return r.top >= 0 && r.bottom <= innerHeight;
 }"""
 
 JS_LAUNCH = """() => [...document.querySelectorAll('a.tinyk3-launch')].map(a => ({
@@ -271,8 +355,8 @@ def check_overflow(page, view: str, page_file: str, problems: list[str]) -> dict
         problems.append(f"the page is {info['page']} px wide on a {info['screen']} px screen "
                         "(it scrolls sideways as a whole)")
     c = info["counts"]
-    scrolling_allowed = {"desktop": {"table", "math"},
-                         "phone": {"code", "table", "math", "listing"}}[view]
+    scrolling_allowed = {"desktop": {"table", "math", "aligned"},
+                         "phone": {"code", "table", "math", "listing", "aligned"}}[view]
     for k, n in c.items():
         if n and k not in scrolling_allowed:
             problems.append(f"{n} {k} block(s) scroll sideways at {view} width; e.g. "
@@ -287,13 +371,42 @@ def check_overflow(page, view: str, page_file: str, problems: list[str]) -> dict
     return info
 
 
+def check_layout(page, problems: list[str]) -> None:
+    info = page.evaluate(JS_LAYOUT)
+    if info["squeezed"]:
+        problems.append(f"{len(info['squeezed'])} table cell(s) squeezed narrower than their "
+                        "text (a column a few characters wide): "
+                        + "; ".join(info["squeezed"][:4]))
+    if info["clipped"]:
+        problems.append(f"{len(info['clipped'])} inline formula(s) cut off at the right with "
+                        "no way to scroll: " + "; ".join(info["clipped"][:3]))
+    if info["long"]:
+        problems.append(f"{len(info['long'])} output(s) of more than 30 lines not folded: "
+                        + "; ".join(info["long"][:3]))
+
+
+def check_focus_and_contrast(page, problems: list[str]) -> None:
+    page.keyboard.press("Shift")  # the last input is the keyboard: focus is focus-visible
+    info = page.evaluate(JS_FOCUS_AND_CONTRAST)
+    focus = info["focus"]
+    if focus is None:
+        problems.append("no visible ☰ to focus")
+    elif not (focus["visible"] and (focus["outline"] or focus["shadow"])):
+        problems.append(f"☰ shows no keyboard focus (an outline of 2 px or more): {focus}")
+    for badge in info["badges"]:
+        if badge["ratio"] < 4.5:
+            problems.append(f"the {badge['text']!r} badge's contrast is {badge['ratio']:.2f} : 1 "
+                            "(WCAG AA needs 4.5 : 1)")
+
+
 def check_print(page, problems: list[str]) -> None:
     """At a sheet of paper's width (A4 at 96 dpi, less margins), in print media: no block
     cuts text off on the right."""
     page.set_viewport_size({"width": 700, "height": 900})
     page.emulate_media(media="print")
     info = page.evaluate(JS_OVERFLOW)
-    cut = {k: n for k, n in info["counts"].items() if n and k in ("code", "output", "listing")}
+    cut = {k: n for k, n in info["counts"].items()
+           if n and k in ("code", "output", "aligned", "listing")}
     if cut:
         problems.append(f"in print, blocks wider than the page (text lost): {cut}; e.g. "
                         + " | ".join(info["examples"])[:300])
@@ -361,6 +474,10 @@ def check_menus(page, view: str, problems: list[str]) -> None:
             if not state["sidebar"] or state["primaryLinks"] < 3:
                 problems.append(f"the chapter menu opened but shows {state['primaryLinks']} "
                                 "links / is off-screen")
+            current = page.evaluate(JS_CURRENT_IN_MENU)
+            if current is not None and not current:
+                problems.append("the chapter menu opened with the current page's entry "
+                                "off-screen")
         page.keyboard.press("Escape")
         wait(page, problems, f"() => !({JS_SIDEBARS})().primaryModal",
              "the chapter menu did not close on Escape")
@@ -370,6 +487,13 @@ def check_menus(page, view: str, problems: list[str]) -> None:
             if not wait(page, [], f"() => ({JS_SIDEBARS})().secondaryModal", ""):
                 problems.append("tapping the contents button on a phone does not open the "
                                 "page's contents")
+            else:
+                entries = page.locator("#pst-secondary-sidebar-modal a[href^='#']")
+                if entries.count() > 1:
+                    entries.nth(1).tap()
+                    if not wait(page, [], f"() => !({JS_SIDEBARS})().secondaryModal", ""):
+                        problems.append("the page's contents stay open after tapping an "
+                                        "entry")
             page.keyboard.press("Escape")
         elif page.locator("#pst-page-toc-nav a").count():
             problems.append("the page has contents but no visible contents button on a phone")
@@ -422,6 +546,7 @@ def test_page(browser, base, page_file, view):
                         full_page=True)
         check_text(page, source, problems)
         check_overflow(page, view, page_file, problems)
+        check_layout(page, problems)
         check_figures(page.evaluate(JS_IMAGES), notebook, view, problems)
         if notebook:
             check_launch(page, page_file, view, problems)
@@ -436,10 +561,15 @@ def test_page(browser, base, page_file, view):
                 "application/vnd.jupyter.widget-state+json", {})
             labels = widget_labels(state)
         check_widgets(page, problems, labels=labels, phone=view == "phone")
+        page.wait_for_timeout(100)  # site.js describes a moved widget's frame after 50 ms
+        for alt in page.evaluate(JS_WIDGET_ALT):
+            if len(alt.split()) < 3:
+                problems.append(f"a widget's picture has no alt text describing it: {alt!r}")
         check_menus(page, view, problems)
         if view == "desktop":  # a chapter has exercises; an appendix notebook (A1_…) need not
             chapter = notebook and re.match(r"notebooks/\d\d_", page_file) is not None
             check_solutions(page, chapter, problems)
+            check_focus_and_contrast(page, problems)
             check_print(page, problems)
         page.wait_for_load_state("networkidle")
     finally:

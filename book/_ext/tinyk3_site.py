@@ -94,6 +94,34 @@ def _badges(app: Sphinx, doctree: nodes.document, docname: str) -> None:
     if section is None or not isinstance(section[0], nodes.title):
         return
     section.insert(1, raw)
+    _exercise_howto(app, doctree, docname)
+
+
+EXERCISE_HOWTO = (
+    "How to do them: open this chapter as a notebook, in Colab or Kaggle from the badges under "
+    "its title, or locally ({how_to}). Write your function in the cell marked "
+    "<code>your code here</code> and run the check under it: it says which case failed, by "
+    "how much, and gives a hint. The solutions are folded below each exercise.")
+
+
+def _exercise_howto(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """Under a chapter's "Exercises" heading, unless its first paragraph already says how:
+    where to do the exercises and what the check tells you (the site shows no cell to run)."""
+    for section in doctree.findall(nodes.section):
+        if not (isinstance(section[0], nodes.title) and section[0].astext() == "Exercises"):
+            continue
+        first = section[1] if len(section) > 1 else None
+        if isinstance(first, nodes.paragraph) and "autograder" in first.astext():
+            return
+        try:
+            href = app.builder.get_relative_uri(docname, "book/how-to-use")
+        except Exception:  # a builder without page URIs
+            href = "../book/how-to-use.html"
+        link = f'<a href="{html.escape(href)}">How to use this book</a>'
+        text = EXERCISE_HOWTO.format(how_to=link)
+        section.insert(1, nodes.raw("", f'<p class="tinyk3-exercise-howto">{text}</p>',
+                                    format="html"))
+        return
 
 
 # -- the chapter guide -----------------------------------------------------------------------
