@@ -229,8 +229,10 @@ tinyk3.notebook.show_source(la.recurrent)
 # and $M$ the lower-triangular matrix of ones ($M_{tj} = 1$ for $j \le t$):
 #
 # $$
-# O = \frac{(Q K^\top \odot M)\, V}{(Q K^\top \odot M)\, \mathbf{1}} \quad \text{(row by row)},
-# \qquad \big[(Q K^\top \odot M)\mathbf{1}\big]_t = \sum_{j \le t} q_t \cdot k_j = q_t \cdot z_t.
+# \begin{gathered}
+# O = \frac{(Q K^\top \odot M)\, V}{(Q K^\top \odot M)\, \mathbf{1}} \quad \text{(row by row)}, \\
+# \big[(Q K^\top \odot M)\mathbf{1}\big]_t = \sum_{j \le t} q_t \cdot k_j = q_t \cdot z_t.
+# \end{gathered}
 # $$
 #
 # This form costs $O(T^2 D)$ and a $T \times T$ matrix, like softmax attention; the loop

@@ -112,10 +112,10 @@ WIDGET_N = [8, 64] if SMOKE else [8, 16, 32, 64, 128, 256]
 # Reading with a stored key gives every stored value, weighted by how much its key overlaps:
 #
 # $$
-# k_i S = \sum_{j=1}^{N} (k_i \cdot k_j)\, v_j
-#       = \underbrace{\|k_i\|^2\, v_i}_{\text{signal}}
-#       + \underbrace{\sum_{j \ne i} (k_i \cdot k_j)\, v_j}_{\text{crosstalk}},
-# \qquad\text{all at once: } K S = (K K^\top)\, V .
+# \begin{gathered}
+# k_i S = \sum_{j=1}^{N} (k_i \cdot k_j)\, v_j = \underbrace{\|k_i\|^2\, v_i}_{\text{signal}} + \underbrace{\sum_{j \ne i} (k_i \cdot k_j)\, v_j}_{\text{crosstalk}}, \\
+# \text{all at once: } K S = (K K^\top)\, V .
+# \end{gathered}
 # $$
 #
 # The Gram matrix $G = K K^\top$ of the keys decides everything: recall is exact for every pair

@@ -229,10 +229,10 @@ tinyk3.notebook.show_source(delta_rule.recurrent)
 # $u_t = \beta_t (v_t - k_t S_{t-1})$ satisfy
 #
 # $$
-# u_t + \beta_t \sum_{j<t} (k_t \cdot k_j)\, u_j = \beta_t \big(v_t - k_t S_0\big)
-# \quad\Longleftrightarrow\quad
-# \big(I + \operatorname{diag}(\beta)\,\operatorname{tril}(K K^\top, -1)\big)\, U
-#   = \operatorname{diag}(\beta)\,(V - K S_0),
+# \begin{gathered}
+# u_t + \beta_t \sum_{j<t} (k_t \cdot k_j)\, u_j = \beta_t \big(v_t - k_t S_0\big) \\
+# \Longleftrightarrow\; \big(I + \operatorname{diag}(\beta)\,\operatorname{tril}(K K^\top, -1)\big)\, U = \operatorname{diag}(\beta)\,(V - K S_0),
+# \end{gathered}
 # $$
 #
 # a unit lower-triangular system, solved in one call. Then

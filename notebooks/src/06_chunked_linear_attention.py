@@ -105,9 +105,10 @@ TIMING = {"repeats": REPEATS, "max_seconds": 3.0}
 # $v_t \in \mathbb{R}^{1 \times D_v}$, $M$ the $T \times T$ lower-triangular matrix of ones):
 #
 # $$
-# \text{recurrent:}\quad S_t = S_{t-1} + k_t^\top v_t,\quad o_t = q_t S_t
-# \qquad\qquad
+# \begin{gathered}
+# \text{recurrent:}\quad S_t = S_{t-1} + k_t^\top v_t,\quad o_t = q_t S_t \\
 # \text{parallel:}\quad O = Q S_0 + (Q K^\top \odot M)\, V .
+# \end{gathered}
 # $$
 #
 # The recurrence costs $4 D_k D_v$ flops per token (a matrix product $[m, k] \times [k, n]$ costs

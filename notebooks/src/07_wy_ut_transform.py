@@ -172,8 +172,8 @@ print(f"max |P S_0 + H - token loop from S_0| = "
 #
 # $$
 # \begin{aligned}
-# P_r &= \big(I - \beta_r k_r^\top k_r\big)\Big(I - \sum_{i<r} k_i^\top w_i\Big)
-#      = I - \sum_{i<r} k_i^\top w_i - \beta_r k_r^\top k_r + \beta_r k_r^\top \sum_{i<r} \big(k_r k_i^\top\big)\, w_i \\
+# P_r &= \big(I - \beta_r k_r^\top k_r\big)\Big(I - \sum_{i<r} k_i^\top w_i\Big) \\
+#     &= I - \sum_{i<r} k_i^\top w_i - \beta_r k_r^\top k_r + \beta_r k_r^\top \sum_{i<r} \big(k_r k_i^\top\big)\, w_i \\
 #     &= I - \sum_{i<r} k_i^\top w_i - k_r^\top \Big[\beta_r\Big(k_r - \sum_{i<r} (k_r \cdot k_i)\, w_i\Big)\Big],
 # \end{aligned}
 # $$
@@ -270,18 +270,21 @@ print(f"max |U - W S_0 - the corrections of the token loop| = "
 # Move the sum in the recursion to the left-hand side. For every row $r$,
 #
 # $$
-# y_r + \beta_r \sum_{i<r} (k_r \cdot k_i)\, y_i = \beta_r x_r
-# \qquad\Longleftrightarrow\qquad
-# \underbrace{\Big(I + \operatorname{tril}\big(\operatorname{diag}(\beta) K K^\top, -1\big)\Big)}_{A}\, Y
-#   = \operatorname{diag}(\beta)\, X ,
+# \begin{gathered}
+# y_r + \beta_r \sum_{i<r} (k_r \cdot k_i)\, y_i = \beta_r x_r \\
+# \Longleftrightarrow\; \underbrace{\Big(I + \operatorname{tril}\big(\operatorname{diag}(\beta) K K^\top, -1\big)\Big)}_{A}\, Y = \operatorname{diag}(\beta)\, X ,
+# \end{gathered}
 # $$
 #
 # with $\operatorname{tril}(\cdot, -1)$ the strictly lower triangle: entry $(r, i)$ of $A$ is
 # $\beta_r\, k_r \cdot k_i$ for $i < r$, ones on the diagonal, zeros above. So
 #
 # $$
-# W = \mathcal{T} K, \qquad U = \mathcal{T} V, \qquad \mathcal{T} = A^{-1} \operatorname{diag}(\beta)
-#   = \Big(I + \operatorname{tril}\big(\operatorname{diag}(\beta) K K^\top, -1\big)\Big)^{-1} \operatorname{diag}(\beta).
+# \begin{gathered}
+# W = \mathcal{T} K, \\
+# U = \mathcal{T} V, \\
+# \mathcal{T} = A^{-1} \operatorname{diag}(\beta) = \Big(I + \operatorname{tril}\big(\operatorname{diag}(\beta) K K^\top, -1\big)\Big)^{-1} \operatorname{diag}(\beta).
+# \end{gathered}
 # $$
 #
 # $\mathcal{T}$ (a calligraphic T; plain $T$ is the sequence length) is the *UT transform* of the chunk (Yang et al. take the name from Joffrain et al., 2006,

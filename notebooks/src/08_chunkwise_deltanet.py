@@ -141,9 +141,10 @@ def unit_inputs(B, H, T, Dk, Dv, seed, dtype=torch.float64):
 # $S_t = S_{[c]} + \sum_{j \le i} k_j^\top u_j$ (the chunk's tokens up to and including $t$), so
 #
 # $$
-# o_t = q_t S_t = q_t S_{[c]} + \sum_{j \le i} (q_t \cdot k_j)\, u_j
-# \qquad\Longrightarrow\qquad
-# O_{[c]} = Q_{[c]}\, S_{[c]} + \big(Q_{[c]} K_{[c]}^\top \odot M\big)\, U'_{[c]} ,
+# \begin{gathered}
+# o_t = q_t S_t = q_t S_{[c]} + \sum_{j \le i} (q_t \cdot k_j)\, u_j \\
+# \Longrightarrow\; O_{[c]} = Q_{[c]}\, S_{[c]} + \big(Q_{[c]} K_{[c]}^\top \odot M\big)\, U'_{[c]} ,
+# \end{gathered}
 # $$
 #
 # with $M$ the $C \times C$ lower-triangular matrix of ones (diagonal included: $o_t$ reads the
@@ -313,8 +314,11 @@ tinyk3.notebook.show_source(delta_rule.chunked)
 # UT transform on every chunk at once:
 #
 # $$
-# \mathcal{T}_{[c]} = \big(I + \operatorname{tril}(\operatorname{diag}(\beta_{[c]}) K_{[c]} K_{[c]}^\top, -1)\big)^{-1} \operatorname{diag}(\beta_{[c]}),
-# \qquad W_{[c]} = \mathcal{T}_{[c]} K_{[c]}, \qquad U_{[c]} = \mathcal{T}_{[c]} V_{[c]} .
+# \begin{gathered}
+# \mathcal{T}_{[c]} = \big(I + \operatorname{tril}(\operatorname{diag}(\beta_{[c]}) K_{[c]} K_{[c]}^\top, -1)\big)^{-1} \operatorname{diag}(\beta_{[c]}), \\
+# W_{[c]} = \mathcal{T}_{[c]} K_{[c]}, \\
+# U_{[c]} = \mathcal{T}_{[c]} V_{[c]} .
+# \end{gathered}
 # $$
 
 # %%
@@ -504,9 +508,10 @@ print("T = 50, C = 16: max |grad chunked - grad recurrent| for q, k, v, β, S_0:
 # that). In their layout the chunk recurrence reads
 #
 # $$
-# S^{\text{p}}_{[c+1]} = S^{\text{p}}_{[c]} + \big(U_{[c]} - W_{[c]} S^{\text{p}\top}_{[c]}\big)^\top K_{[c]} ,
-# \qquad
+# \begin{gathered}
+# S^{\text{p}}_{[c+1]} = S^{\text{p}}_{[c]} + \big(U_{[c]} - W_{[c]} S^{\text{p}\top}_{[c]}\big)^\top K_{[c]} , \\
 # O_{[c]} = Q_{[c]} S^{\text{p}\top}_{[c]} + \big(Q_{[c]} K_{[c]}^\top \odot M\big)\big(U_{[c]} - W_{[c]} S^{\text{p}\top}_{[c]}\big).
+# \end{gathered}
 # $$
 #
 # Written from these two equations, in that layout:

@@ -187,12 +187,12 @@ def show_part(fn, first, last=None):
 # $$
 # \begin{aligned}
 # A_{[c]} &= I + \operatorname{tril}(\operatorname{diag}(\beta_{[c]}) K_{[c]} K_{[c]}^\top, -1), &
-# \mathcal{T}_{[c]} &= A_{[c]}^{-1} \operatorname{diag}(\beta_{[c]}), &
-# W_{[c]} &= \mathcal{T}_{[c]} K_{[c]}, \quad U_{[c]} = \mathcal{T}_{[c]} V_{[c]}, \\
-# U'_{[c]} &= U_{[c]} - W_{[c]} S_{[c]}, &
+# \mathcal{T}_{[c]} &= A_{[c]}^{-1} \operatorname{diag}(\beta_{[c]}), \\
+# W_{[c]} &= \mathcal{T}_{[c]} K_{[c]}, \quad U_{[c]} = \mathcal{T}_{[c]} V_{[c]}, &
+# U'_{[c]} &= U_{[c]} - W_{[c]} S_{[c]}, \\
 # S_{[c+1]} &= S_{[c]} + K_{[c]}^\top U'_{[c]}, &
-# O_{[c]} &= Q_{[c]} S_{[c]} + \Omega_{[c]} U'_{[c]}, \quad
-# \Omega_{[c]} = Q_{[c]} K_{[c]}^\top \odot M .
+# \Omega_{[c]} &= Q_{[c]} K_{[c]}^\top \odot M, \\
+# O_{[c]} &= Q_{[c]} S_{[c]} + \Omega_{[c]} U'_{[c]} .
 # \end{aligned}
 # $$
 #
@@ -232,7 +232,10 @@ def show_part(fn, first, last=None):
 # chunk and head, writing the strictly lower part of $A_{[c]}$,
 #
 # $$
-# L_{[c]} = A_{[c]} - I = \operatorname{tril}(\operatorname{diag}(\beta_{[c]}) K_{[c]} K_{[c]}^\top, -1), \qquad (L_{[c]})_{ij} = \beta_i\, (k_i \cdot k_j) \text{ for } j < i, \text{ else } 0,
+# \begin{gathered}
+# L_{[c]} = A_{[c]} - I = \operatorname{tril}(\operatorname{diag}(\beta_{[c]}) K_{[c]} K_{[c]}^\top, -1), \\
+# (L_{[c]})_{ij} = \beta_i\, (k_i \cdot k_j) \text{ for } j < i, \text{ else } 0,
+# \end{gathered}
 # $$
 #
 # into an output `a` of shape `[B·H, T, C]`: row $t$ holds its chunk's row of $L_{[c]}$ (fla's

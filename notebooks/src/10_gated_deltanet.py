@@ -196,9 +196,12 @@ print(f"error before forget: |k S_t - v_new| = {(k1 @ S_other - v_new).norm():.3
 # from the chunk's start to its $i$-th token, and between two of its tokens, are
 #
 # $$
-# G_i = \sum_{s \le i} g_s, \qquad \gamma_i = e^{G_i} = \alpha_1 \cdots \alpha_i, \qquad
-# \Gamma_{ij} = \frac{\gamma_i}{\gamma_j} = e^{G_i - G_j} = \alpha_{j+1} \cdots \alpha_i
-# \quad (j \le i), \qquad \Gamma_{ij} = 0 \quad (j > i).
+# \begin{gathered}
+# G_i = \sum_{s \le i} g_s, \\
+# \gamma_i = e^{G_i} = \alpha_1 \cdots \alpha_i, \\
+# \Gamma_{ij} = \frac{\gamma_i}{\gamma_j} = e^{G_i - G_j} = \alpha_{j+1} \cdots \alpha_i \quad (j \le i), \\
+# \Gamma_{ij} = 0 \quad (j > i).
+# \end{gathered}
 # $$
 #
 # $G_i$ is the **cumulative log decay**, $\gamma_i$ the **cumulative decay** and $\Gamma$ the
@@ -236,10 +239,10 @@ print(f"error before forget: |k S_t - v_new| = {(k1 @ S_other - v_new).norm():.3
 # a unit lower-triangular system, chapter 7's with $K K^\top \odot \Gamma$ where $K K^\top$ was:
 #
 # $$
-# \mathcal{T}_\Gamma = \big(I + \operatorname{tril}(\operatorname{diag}(\beta)(K K^\top \odot
-# \Gamma), -1)\big)^{-1} \operatorname{diag}(\beta), \qquad
-# U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}, \quad U = \mathcal{T}_\Gamma V, \quad
-# W = \mathcal{T}_\Gamma \operatorname{diag}(\gamma) K .
+# \begin{gathered}
+# \mathcal{T}_\Gamma = \big(I + \operatorname{tril}(\operatorname{diag}(\beta)(K K^\top \odot \Gamma), -1)\big)^{-1} \operatorname{diag}(\beta), \\
+# U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}, \quad U = \mathcal{T}_\Gamma V, \quad W = \mathcal{T}_\Gamma \operatorname{diag}(\gamma) K .
+# \end{gathered}
 # $$
 #
 # Chapter 8's algorithm, with one decay factor wherever a term crosses tokens: $\Gamma$ in the two

@@ -21,8 +21,11 @@
 # Linear and of all 69 linear layers of Kimi K3, gives each key channel its own gate:
 #
 # $$
-# S_t = (I - \beta_t k_t^\top k_t)\, \operatorname{Diag}(\alpha_t)\, S_{t-1} + \beta_t k_t^\top v_t,
-# \qquad \alpha_t = e^{g_t} \in (0, 1]^{D_k}, \qquad o_t = q_t S_t .
+# \begin{gathered}
+# S_t = (I - \beta_t k_t^\top k_t)\, \operatorname{Diag}(\alpha_t)\, S_{t-1} + \beta_t k_t^\top v_t, \\
+# \alpha_t = e^{g_t} \in (0, 1]^{D_k}, \\
+# o_t = q_t S_t .
+# \end{gathered}
 # $$
 #
 # Channel $d$ of the key addresses row $d$ of the state, so $\operatorname{Diag}(\alpha_t)$ decays
@@ -235,26 +238,31 @@ print(f"KDA as DPLR against kda.recurrent: max |o| diff {max_diff(o_dplr, o_lib)
 # and $\tilde S_{i-1} = S_0 + \sum_{j<i} (k_j \oslash \gamma_j)^\top u_j$, so
 #
 # $$
-# u_i = \beta_i\Big(v_i - (k_i \odot \gamma_i) S_0 - \sum_{j<i} \Omega^{kk}_{ij}\, u_j\Big), \qquad
+# \begin{gathered}
+# u_i = \beta_i\Big(v_i - (k_i \odot \gamma_i) S_0 - \sum_{j<i} \Omega^{kk}_{ij}\, u_j\Big), \\
 # \Omega^{kk}_{ij} = (k_i \odot \gamma_i)\cdot(k_j \oslash \gamma_j) = \sum_d k_{id} k_{jd}\, e^{G_{id} - G_{jd}} .
+# \end{gathered}
 # $$
 #
 # Stacked, as in chapter 7: $(I + \operatorname{tril}(\operatorname{diag}(\beta) \Omega^{kk}, -1))\,U' = \operatorname{diag}(\beta)\big(V - (K \odot \Gamma) S_0\big)$, so with
 #
 # $$
-# \mathcal{T} = \big(I + \operatorname{tril}(\operatorname{diag}(\beta) \Omega^{kk}, -1)\big)^{-1}\operatorname{diag}(\beta),
-# \qquad W = \mathcal{T}(K \odot \Gamma), \qquad U = \mathcal{T} V :
-# \qquad U' = U - W S_{[c]} .
+# \begin{gathered}
+# \mathcal{T} = \big(I + \operatorname{tril}(\operatorname{diag}(\beta) \Omega^{kk}, -1)\big)^{-1}\operatorname{diag}(\beta), \\
+# W = \mathcal{T}(K \odot \Gamma), \\
+# U = \mathcal{T} V : \\
+# U' = U - W S_{[c]} .
+# \end{gathered}
 # $$
 #
 # **State and outputs.** With $S_C = \operatorname{Diag}(\gamma_C)\tilde S_C$ and
 # $o_i = (q_i \odot \gamma_i)\tilde S_i$:
 #
 # $$
-# S_{[c+1]} = \operatorname{Diag}(\gamma_C)\, S_{[c]} + \big(K \odot (\gamma_C \oslash \Gamma)\big)^\top U',
-# \qquad
-# O_{[c]} = (Q \odot \Gamma)\, S_{[c]} + \Omega\, U', \quad
-# \Omega_{ij} = \sum_d q_{id} k_{jd}\, e^{G_{id} - G_{jd}} \;(j \le i) .
+# \begin{gathered}
+# S_{[c+1]} = \operatorname{Diag}(\gamma_C)\, S_{[c]} + \big(K \odot (\gamma_C \oslash \Gamma)\big)^\top U', \\
+# O_{[c]} = (Q \odot \Gamma)\, S_{[c]} + \Omega\, U', \quad \Omega_{ij} = \sum_d q_{id} k_{jd}\, e^{G_{id} - G_{jd}} \;(j \le i) .
+# \end{gathered}
 # $$
 #
 # Every decay across tokens is $e^{G_i - G_j} \le 1$ with $j \le i$; the derivation's

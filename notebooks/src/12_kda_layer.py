@@ -129,9 +129,10 @@ def randomise_gates_(layer, seed):
 #    $A = e^{A_{\log}}$ per head and a bias $\Delta_{\text{bias}}$ per channel:
 #
 #    $$
-#    g_t = -A \operatorname{softplus}(a_t + \Delta_{\text{bias}}) \;\text{(Kimi Linear)},
-#    \qquad
+#    \begin{gathered}
+#    g_t = -A \operatorname{softplus}(a_t + \Delta_{\text{bias}}) \;\text{(Kimi Linear)}, \\
 #    g_t = -5\, \sigma\big(A\, (a_t + \Delta_{\text{bias}})\big) \;\text{(Kimi K3)} .
+#    \end{gathered}
 #    $$
 # 4. **The operator** of chapter 11: $S_t = (I - \beta_t k_t^\top k_t)\operatorname{Diag}(e^{g_t})
 #    S_{t-1} + \beta_t k_t^\top v_t$, $o_t = q_t S_t$.

@@ -120,9 +120,10 @@ for name, cfg in PRESETS.items():
 # Kimi, with no biases:
 #
 # $$
-# \operatorname{FFN}(x) = \big(\operatorname{SiLU}(x W_{\text{gate}}^\top) \odot x W_{\text{up}}^\top\big)\,
-# W_{\text{down}}^\top, \qquad W_{\text{gate}}, W_{\text{up}} \in \mathbb{R}^{d_e \times d_{\text{model}}},\;
-# W_{\text{down}} \in \mathbb{R}^{d_{\text{model}} \times d_e} .
+# \begin{gathered}
+# \operatorname{FFN}(x) = \big(\operatorname{SiLU}(x W_{\text{gate}}^\top) \odot x W_{\text{up}}^\top\big)\, W_{\text{down}}^\top, \\
+# W_{\text{gate}}, W_{\text{up}} \in \mathbb{R}^{d_e \times d_{\text{model}}},\; W_{\text{down}} \in \mathbb{R}^{d_{\text{model}} \times d_e} .
+# \end{gathered}
 # $$
 #
 # `transformers` (and `tinyk3.layers.moe`) store the routed experts stacked, the gate and up
@@ -151,8 +152,10 @@ print(f"my SwiGLU against moe.SwiGLU: max |diff| {dist:.1e}")
 # expert $i$'s "centroid". For token $x_t$ it gives one score per expert:
 #
 # $$
-# p_{t,i} = \sigma(x_t e_i^\top) \quad \text{(DeepSeek-V3, Kimi K2)}, \qquad
+# \begin{gathered}
+# p_{t,i} = \sigma(x_t e_i^\top) \quad \text{(DeepSeek-V3, Kimi K2)}, \\
 # p_{t,i} = \operatorname{softmax}_i(x_t e_i^\top) \quad \text{(Qwen3-Next, Mixtral)} .
+# \end{gathered}
 # $$
 #
 # The token is sent to the $K_r$ experts $\mathcal{E}_t$ with the largest $p_{t,i} + b_i$, where
@@ -161,11 +164,11 @@ print(f"my SwiGLU against moe.SwiGLU: max |diff| {dist:.1e}")
 # one and multiplied by a constant $\rho$ (`routed_scaling_factor`):
 #
 # $$
-# \mathcal{E}_t = \operatorname{TopK}_i\big(p_{t,i} + b_i,\, K_r\big), \qquad
-# w_{t,i} = \rho\, \frac{p_{t,i}}{\sum_{j \in \mathcal{E}_t} p_{t,j}} \;\; (i \in \mathcal{E}_t),
-# \qquad
-# y_t = \sum_{i \in \mathcal{E}_t} w_{t,i} \operatorname{FFN}_i(x_t)
-#       + \sum_{j=1}^{N_s} \operatorname{FFN}^{(s)}_j(x_t) .
+# \begin{gathered}
+# \mathcal{E}_t = \operatorname{TopK}_i\big(p_{t,i} + b_i,\, K_r\big), \\
+# w_{t,i} = \rho\, \frac{p_{t,i}}{\sum_{j \in \mathcal{E}_t} p_{t,j}} \;\; (i \in \mathcal{E}_t), \\
+# y_t = \sum_{i \in \mathcal{E}_t} w_{t,i} \operatorname{FFN}_i(x_t) + \sum_{j=1}^{N_s} \operatorname{FFN}^{(s)}_j(x_t) .
+# \end{gathered}
 # $$
 #
 # This is equations 12 to 16 of the DeepSeek-V3 report (§2.1.2) in this course's symbols, with
@@ -289,9 +292,10 @@ print(f"gradient reaching the scores: norm {p_grad.grad.norm():.2f}; "
 # and $K_g$ kept:
 #
 # $$
-# \text{group score}_{t,g} = \text{sum of the 2 largest } p_{t,i} + b_i \text{ in group } g,
-# \qquad \mathcal{E}_t = \operatorname{TopK}\big(\{p_{t,i} + b_i : i \text{ in the } K_g
-# \text{ best groups}\}, K_r\big) .
+# \begin{gathered}
+# \text{group score}_{t,g} = \text{sum of the 2 largest } p_{t,i} + b_i \text{ in group } g, \\
+# \mathcal{E}_t = \operatorname{TopK}\big(\{p_{t,i} + b_i : i \text{ in the } K_g \text{ best groups}\}, K_r\big) .
+# \end{gathered}
 # $$
 #
 # Kimi K2 has 384 experts in one group ($N_g = K_g = 1$): no limit. In code, the experts of the

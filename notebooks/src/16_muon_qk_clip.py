@@ -145,8 +145,10 @@ print(f"U Vᵀ: singular values all 1 (max |σ - 1| "
 # $X X^\top X = U \Sigma^3 V^\top$, so
 #
 # $$
-# p(X) = aX + b\,(XX^\top)X + c\,(XX^\top)^2 X = U\, p(\Sigma)\, V^\top,
-# \qquad p(\sigma) = a\sigma + b\sigma^3 + c\sigma^5 :
+# \begin{gathered}
+# p(X) = aX + b\,(XX^\top)X + c\,(XX^\top)^2 X = U\, p(\Sigma)\, V^\top, \\
+# p(\sigma) = a\sigma + b\sigma^3 + c\sigma^5 :
+# \end{gathered}
 # $$
 #
 # the singular vectors stay and each singular value goes through the scalar polynomial.
@@ -278,8 +280,11 @@ print(f"{list(W_big.shape)}: Newton-Schulz (5 steps) {t_ns.ms()} ms, "
 # `tinyk3.optim.Muon`) keep an exponential moving average and use its Nesterov form,
 #
 # $$
-# M_t = \mu M_{t-1} + (1 - \mu)\, g_t, \qquad \hat M_t = (1 - \mu)\, g_t + \mu M_t, \qquad
+# \begin{gathered}
+# M_t = \mu M_{t-1} + (1 - \mu)\, g_t, \\
+# \hat M_t = (1 - \mu)\, g_t + \mu M_t, \\
 # W_t = (1 - \mathrm{lr}\cdot \lambda)\, W_{t-1} - \mathrm{lr}\cdot s(m, n)\, \mathrm{NS}(\hat M_t),
+# \end{gathered}
 # $$
 #
 # with $\mu = 0.95$ and decoupled weight decay $\lambda$. Keller Jordan's original writes the

@@ -199,10 +199,11 @@ print(f"first layer: mixer {K3.kinds[0]}, feed-forward {K3.layer_mlps[0].kind} "
 # token, a read with the learned vectors $w_{\text{norm}}, w_{\text{proj}} \in \mathbb{R}^{d_{\text{model}}}$ is
 #
 # $$
-# \operatorname{read}(s_0, \dots, s_{m+1}) = \sum_{i=0}^{m+1} \pi_i\, s_i, \qquad
-# \pi = \operatorname{softmax}_i\!\left(\frac{s_i}{\operatorname{rms}(s_i)} \cdot
-#       (w_{\text{norm}} \odot w_{\text{proj}})\right), \qquad
+# \begin{gathered}
+# \operatorname{read}(s_0, \dots, s_{m+1}) = \sum_{i=0}^{m+1} \pi_i\, s_i, \\
+# \pi = \operatorname{softmax}_i\!\left(\frac{s_i}{\operatorname{rms}(s_i)} \cdot (w_{\text{norm}} \odot w_{\text{proj}})\right), \\
 # \operatorname{rms}(s) = \sqrt{\tfrac{1}{d_{\text{model}}} \textstyle\sum_c s_c^2 + \epsilon} .
+# \end{gathered}
 # $$
 #
 # The keys are the RMS-normed sources (`RMSNorm` then a $d_{\text{model}} \to 1$ projection, so the two
@@ -535,11 +536,11 @@ plt.show()
 # see the token at full width:
 #
 # $$
-# z_t = x_t W_{\downarrow}^\top, \qquad
-# y_t = \operatorname{RMSNorm}\Big(\sum_{i \in \mathcal{E}_t} w_{t,i}\,
-#       \operatorname{FFN}_i(z_t)\Big)\, W_{\uparrow}^\top
-#       + \operatorname{FFN}^{(s)}(x_t), \qquad
+# \begin{gathered}
+# z_t = x_t W_{\downarrow}^\top, \\
+# y_t = \operatorname{RMSNorm}\Big(\sum_{i \in \mathcal{E}_t} w_{t,i}\, \operatorname{FFN}_i(z_t)\Big)\, W_{\uparrow}^\top + \operatorname{FFN}^{(s)}(x_t), \\
 # W_{\downarrow} \in \mathbb{R}^{d_L \times d_{\text{model}}},\; W_{\uparrow} \in \mathbb{R}^{d_{\text{model}} \times d_L} ,
+# \end{gathered}
 # $$
 #
 # with the routing $(w_{t,i}, \mathcal{E}_t)$ of chapter 14 (sigmoid scores, a selection-only
