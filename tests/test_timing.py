@@ -174,3 +174,16 @@ def test_source_diff_counts_and_shows_only_changed_lines():
     assert "-def _square_old(x):" in text and "+def _square_new(x):" in text
     assert "+    y = y + 0  # a new line" in text
     assert not any(line.startswith(("@@", " ")) for line in text[1:])  # changes only
+
+
+def _documented():
+    """Uses ``softmax`` and :func:`~tinyk3.ops.kda.chunked`, :class:`tinyk3.layers.KDAConfig`
+    and :func:`the loop <tinyk3.ops.kda.recurrent>`; a lone `x` stays."""
+
+
+def test_plain_doc_removes_rest_markup():
+    from tinyk3.notebook import plain_doc
+
+    assert plain_doc(_documented) == (
+        "Uses softmax and chunked, tinyk3.layers.KDAConfig\nand the loop; a lone `x` stays.")
+    assert plain_doc(lambda: None) == ""

@@ -92,6 +92,19 @@ def show_source(obj) -> None:
     display(Code(inspect.getsource(obj), language="python"))
 
 
+def plain_doc(obj) -> str:
+    """``obj``'s docstring as a reader sees it printed: reStructuredText markup removed
+    (``code`` and :role:`target` become their text; a ``~`` path keeps its last part)."""
+    import inspect
+    import re
+
+    doc = inspect.getdoc(obj) or ""
+    doc = re.sub(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`",
+                 lambda m: m.group(1).rsplit(".", 1)[-1] if "~" in m.group(0) else m.group(1),
+                 doc)
+    return re.sub(r"``([^`]+)``", r"\1", doc)
+
+
 def source_diff(old, new, old_name: str, new_name: str) -> str:
     """The changed lines between the sources of two functions: ``-`` lines are ``old``'s,
     ``+`` lines ``new``'s, unchanged lines left out, after a count of each.

@@ -312,6 +312,14 @@ else:
           "to run it.")
 
 # %% [markdown]
+# **What the cell shows in Colab** (this website is built offline, so it shows the skip
+# message): one paragraph, the prompt "The key idea of attention is" followed by 40 tokens
+# that OpenAI's trained 124M model sampled through this chapter's `GPT` and `generate`:
+# fluent English, if not always on topic, where the tiny model trained below produces
+# fragments of words. The same weights are checked offline against `transformers` in the
+# course's tests, on a randomly initialised model.
+
+# %% [markdown]
 # ## Experiment: train a tiny GPT on a laptop
 #
 # The same code at a toy size: bytes as tokens (vocabulary 256), 3 blocks, 4 heads,

@@ -1059,6 +1059,14 @@ from tinyk3.models.demo import CHECKPOINTS
 demo = try_checkpoint(CHECKPOINTS["deepseek_v3"])
 
 # %% [markdown]
+# **What the cell shows in Colab** (this website is built offline, so it shows the skip
+# message): three lines, the checkpoint's name with its parameter count and `model_type`; the
+# largest logit difference between `tinyk3` and `transformers` on the same input, at float32
+# rounding when the loader is right; and a greedy continuation of a short prompt, which is
+# noise because the weights are random. The same check runs offline in the course's tests, on
+# models written in the checkpoint's format.
+
+# %% [markdown]
 # ## Exercises
 #
 # ```{exercise} The router

@@ -71,7 +71,6 @@ NOTEBOOK_START = time.perf_counter()
 SMOKE = False  # True: tiny sizes, for CI and the impatient
 
 # %%
-import inspect
 import math
 
 import matplotlib.pyplot as plt
@@ -107,7 +106,7 @@ MECHANISMS = compare.MECHANISMS
 # rows:
 
 # %%
-doc = inspect.getdoc(compare.tiny_config)
+doc = tinyk3.notebook.plain_doc(compare.tiny_config)
 print(doc[doc.index("* "):])
 
 # %% [markdown]
