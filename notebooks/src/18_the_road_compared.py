@@ -71,6 +71,7 @@ NOTEBOOK_START = time.perf_counter()
 SMOKE = False  # True: tiny sizes, for CI and the impatient
 
 # %%
+import inspect
 import math
 
 import matplotlib.pyplot as plt
@@ -106,7 +107,7 @@ MECHANISMS = compare.MECHANISMS
 # rows:
 
 # %%
-doc = tinyk3.notebook.plain_doc(compare.tiny_config)
+doc = inspect.getdoc(compare.tiny_config)
 print(doc[doc.index("* "):])
 
 # %% [markdown]
