@@ -1,8 +1,8 @@
 # GPT-2 to Kimi K3: build the book, test everything.
 #   make book   - check prerequisites, create .venv, install, run every notebook at full size, build _build/html
-#   make test   - check prerequisites, lint (code, workflows, environment.yml), unit tests (then the Triton subset with Triton hidden), notebooks small (SMOKE), Colab-image check of the wheel, site build and archive, browser check
+#   make test   - check prerequisites, lint (code, workflows, environment.yml), unit tests (then the Triton subset with Triton hidden), notebooks small (SMOKE), Colab-image check of the wheel, site build and archive, the book PDF, browser check
 #   make serve  - serve the built site on http://127.0.0.1:8000
-#   make dist   - the release: the wheel and an archive of the website that opens from disk, in dist/
+#   make dist   - the release: the wheel, an archive of the website that opens from disk, and the whole book as a PDF, in dist/
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
@@ -25,14 +25,15 @@ ENV_STAMP := $(VENV)/.installed-$(ENV_HASH)
 VERSION := $(shell sed -n 's/^__version__ = "\([^"]*\)".*/\1/p' lib/tinyk3/__init__.py)
 WHEEL := dist/tinyk3-$(VERSION)-py3-none-any.whl
 SITE_ARCHIVE := dist/tinyk3-site-$(VERSION).zip
+BOOK_PDF := dist/tinyk3-book-$(VERSION).pdf
 
 .PHONY: help prereqs-book prereqs-test env vendor book test lint unit unit-no-triton notebooks \
-        wheel site-archive dist environment weekly \
+        wheel site-archive pdf singlehtml dist environment weekly \
         run-notebooks smoke colab html browser serve clean freeze
 
 # Both cores: the unit tests and the small notebook runs are spread over two pytest workers.
 XDIST := -n 2 --dist worksteal
-TEST_STEPS := env vendor lint unit unit-no-triton smoke colab html site-archive browser
+TEST_STEPS := env vendor lint unit unit-no-triton smoke colab html site-archive pdf browser
 
 help:
 	@sed -n '2,5p' Makefile
@@ -154,8 +155,17 @@ site-archive: env
 	@test -f _build/html/index.html || { echo "make site-archive: no site in _build/html (make html first)"; exit 1; }
 	$(PY) tools/site_archive.py _build/html $(SITE_ARCHIVE) --version $(VERSION)
 
-dist: wheel html site-archive
-	@ls -l $(WHEEL) $(SITE_ARCHIVE)
+# The whole book as one PDF: Sphinx's single-page build, printed by the browser tests' Chromium
+# with the solutions unfolded (tools/book_pdf.py; tests/test_pdf.py reads its record).
+singlehtml: env vendor
+	rm -rf _build/singlehtml
+	$(BIN)/jupyter-book build . --builder singlehtml -W -n --keep-going --quiet
+
+pdf: prereqs-test singlehtml
+	$(PY) tools/book_pdf.py _build/singlehtml $(BOOK_PDF) --version $(VERSION)
+
+dist: wheel html site-archive pdf
+	@ls -l $(WHEEL) $(SITE_ARCHIVE) $(BOOK_PDF)
 
 # environment.yml (Binder, conda users) from the pinned requirements.
 environment: env

@@ -246,7 +246,21 @@ def _static(app: Sphinx, config) -> None:
     config.html_theme_options = opts
 
 
+def _singlehtml_handlers(app: Sphinx) -> None:
+    """The whole book on one page (``singlehtml``, printed to the PDF): an extension that
+    registers a node for ``html`` only (myst-nb's hidden code cells) is looked up under
+    ``singlehtml`` as soon as any other extension has registered a handler there, and fails.
+    Reuse the html handlers."""
+    if app.builder.name != "singlehtml":
+        return
+    handlers = app.registry.translation_handlers
+    single = handlers.setdefault("singlehtml", {})
+    for node, pair in handlers.get("html", {}).items():
+        single.setdefault(node, pair)
+
+
 def setup(app: Sphinx) -> dict:
+    app.connect("builder-inited", _singlehtml_handlers)
     app.connect("config-inited", _static)
     app.add_css_file("tinyk3/site.css")
     app.add_js_file("tinyk3/site.js")
