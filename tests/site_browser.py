@@ -12,11 +12,13 @@ import contextlib
 import functools
 import http.server
 import os
+import re
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+import yaml
 
 CHROMIUM = os.environ.get("TINYK3_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -39,6 +41,11 @@ VIEWPORTS = {
     "desktop": {"viewport": {"width": 1280, "height": 900}},
     "phone": {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True},
 }
+
+# Raw TeX left in the rendered text (code, scripts and rendered math removed first): any
+# dollar sign, \( or \[, an environment, or a command such as \Gamma (a section title with
+# math, quoted by {ref}, lands in link text as TeX). The course's prose has no prices.
+RAW_TEX = re.compile(r"\$|\\\(|\\\[|\\begin\{[A-Za-z*]+\}|\\[A-Za-z]{2,}\b")
 
 WIDGET_VIEW = 'script[type="application/vnd.jupyter.widget-view+json"]'
 WIDGET_STATE = 'script[type="application/vnd.jupyter.widget-state+json"]'
@@ -284,3 +291,24 @@ def check_widgets(page, problems: list[str], labels: list[list[str]] | None = No
         if not changed:
             problems.append(f"widget area {i}: moving its sliders did not change the picture "
                             "(jslink to a stack of images not working?)")
+
+
+def toc_files(toc_path: Path) -> list[str]:
+    """Every `file:` entry of a jb-book _toc.yml (root first), without its suffix."""
+    toc = yaml.safe_load(toc_path.read_text())
+    files = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("file"), str):
+                files.append(node["file"])
+            for key, value in node.items():
+                if key != "file":
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk({k: v for k, v in toc.items() if k != "root"})
+    stripped = [re.sub(r"\.(md|ipynb|rst|py)$", "", f) for f in files]
+    return list(dict.fromkeys(stripped))

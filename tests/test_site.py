@@ -43,6 +43,7 @@ import yaml
 
 from site_browser import (
     JS_WIDGETS_DONE,
+    RAW_TEX,
     VIEWPORTS,
     WIDGET_STATE,
     WIDGET_VIEW,
@@ -51,6 +52,7 @@ from site_browser import (
     chromium,
     first,
     serve,
+    toc_files,
     wait,
     widget_labels,
 )
@@ -68,10 +70,6 @@ KNOWN_HARMLESS = (
     "Identifier 'THEBE_JS_URL' has already been declared",
 )
 
-# Raw TeX left in the rendered text (code, scripts and rendered math removed first): any
-# dollar sign, \( or \[, an environment, or a command such as \Gamma (a section title with
-# math, quoted by {ref}, lands in link text as TeX). The course's prose has no prices.
-RAW_TEX = re.compile(r"\$|\\\(|\\\[|\\begin\{[A-Za-z*]+\}|\\[A-Za-z]{2,}\b")
 # Math in a page source: $$, $...$, \( \[, {math} roles/directives, amsmath environments.
 SOURCE_MATH = re.compile(
     r"\$\$|(?<![\\$\w])\$[^$\s][^$\n]*?(?<![\\\s])\$|\\\(|\\\[|\{math\}|\\begin\{[a-z]+\*?\}"
@@ -83,27 +81,6 @@ BRANCH = CONFIG.get("repository", {}).get("branch", "main")
 
 # ------------------------------------------------------------------------------------------
 # pages
-
-
-def toc_files(toc_path: Path) -> list[str]:
-    """Every `file:` entry of a jb-book _toc.yml (root first), without its suffix."""
-    toc = yaml.safe_load(toc_path.read_text())
-    files = [toc["root"]]
-
-    def walk(node):
-        if isinstance(node, dict):
-            if isinstance(node.get("file"), str):
-                files.append(node["file"])
-            for key, value in node.items():
-                if key != "file":
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk({k: v for k, v in toc.items() if k != "root"})
-    stripped = [re.sub(r"\.(md|ipynb|rst|py)$", "", f) for f in files]
-    return list(dict.fromkeys(stripped))
 
 
 def source_of(page: str) -> Path | None:

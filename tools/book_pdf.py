@@ -25,9 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from site_browser import chromium, serve  # noqa: E402
+from site_browser import RAW_TEX, chromium, serve, toc_files  # noqa: E402
 
-RAW_TEX = re.compile(r"\$|\\\(|\\\[|\\begin\{[A-Za-z*]+\}|\\[A-Za-z]{2,}\b")
 A4_TEXT_PX = 680  # 210 mm less 2 × 15 mm margins, at 96 px per inch
 
 PREPARE = """(args) => {
@@ -89,26 +88,8 @@ table { font-size: 0.8rem; }
 def toc_titles(book: Path) -> list[str]:
     """The files of _toc.yml (chapters, appendices, prose pages), as the page titles to find:
     read from each source's first heading."""
-    import yaml
-
-    toc = yaml.safe_load((book / "_toc.yml").read_text())
-    files: list[str] = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if isinstance(node.get("file"), str):
-                files.append(node["file"])
-            for key, value in node.items():
-                if key != "file":
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk({k: v for k, v in toc.items() if k != "root"})
     titles = []
-    for f in files:
-        stem = re.sub(r"\.(md|ipynb)$", "", f)
+    for stem in toc_files(book / "_toc.yml")[1:]:  # the root is the title page's place
         for suffix in (".ipynb", ".md"):
             path = book / f"{stem}{suffix}"
             if not path.is_file():
