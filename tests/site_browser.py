@@ -225,7 +225,8 @@ def check_widgets(page, problems: list[str], labels: list[list[str]] | None = No
     In every visible widget area with a slider and pictures: the tab bars of the picture
     stacks are hidden; each slider's readout shows one of the labels the notebook gave
     (``labels``: the SelectionSliders' options in the stored state), not an index; on a
-    phone each track is wide enough to drag and ends inside the screen; pictures are not
+    phone each track is wide enough to drag and ends inside the screen; each handle is at
+    least 24 px each way (WCAG 2.5.8); pictures are not
     shown smaller than they ask for on a desktop; pressing End on a slider handle changes
     the visible picture (the jslinks work without a kernel)."""
     info = page.evaluate(JS_WIDGETS)
@@ -272,6 +273,11 @@ def check_widgets(page, problems: list[str], labels: list[list[str]] | None = No
                 if im["wanted"] and im["shown"] < 0.9 * im["wanted"]:
                     problems.append(f"widget area {i}: a picture is shown {im['shown']:.0f} px "
                                     f"wide, asks for {im['wanted']:.0f} (squeezed)")
+        for h in range(handles.count()):
+            box = handles.nth(h).bounding_box() if handles.nth(h).is_visible() else None
+            if box and min(box["width"], box["height"]) < 23.5:
+                problems.append(f"widget area {i}: a slider handle is {box['width']:.0f} x "
+                                f"{box['height']:.0f} px (under 24 px: small for a finger)")
         before = page.evaluate(JS_VISIBLE_IMAGES, i)
         changed = False
         for h in range(handles.count()):

@@ -113,6 +113,12 @@ def test_pages_builds_the_release_on_main_and_deploys_with_the_official_actions(
     upload = next(s for s in wf["jobs"]["build"]["steps"]
                   if s.get("uses", "").startswith("actions/upload-pages-artifact@"))
     assert upload["with"]["path"] == "_build/html"
+    # The landing page links the book PDF on the site; the deployed site must hold it there.
+    steps = wf["jobs"]["build"]["steps"]
+    copy = next(i for i, s in enumerate(steps) if "tinyk3-book.pdf" in s.get("run", ""))
+    assert steps[copy]["run"] == "cp dist/tinyk3-book-*.pdf _build/html/tinyk3-book.pdf"
+    assert copy < steps.index(upload)
+    assert "(@SITE_URL@tinyk3-book.pdf)" in (ROOT / "book" / "intro.md").read_text()
 
 
 def test_weekly_runs_on_a_schedule_and_opens_or_updates_one_issue():

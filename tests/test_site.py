@@ -363,6 +363,37 @@ def check_layout(page, problems: list[str]) -> None:
                         + "; ".join(info["long"][:3]))
 
 
+JS_ICONS = """async () => {
+  await document.fonts.ready;
+  const out = {script: [...document.scripts].filter(s => /fontawesome\\.js/.test(s.src)).length,
+               svg: document.querySelectorAll("svg.svg-inline--fa").length, bad: [], shown: 0};
+  for (const el of document.querySelectorAll("i[class*='fa-'], span[class*='fa-']")) {
+    if (!el.checkVisibility()) continue;
+    out.shown++;
+    const before = getComputedStyle(el, "::before");
+    const drawn = before.content && !["none", "normal", '""'].includes(before.content);
+    const font = `${before.fontWeight} 16px ${before.fontFamily}`;
+    if (!drawn || !document.fonts.check(font) || el.getBoundingClientRect().width < 4)
+      out.bad.push(`${el.className} (${before.fontFamily}, content ${before.content})`);
+  }
+  return out;
+}"""
+
+
+def check_icons(page, problems: list[str]) -> None:
+    """The theme's icons are drawn by the Font Awesome web fonts its stylesheet names; the
+    1.5 MB Font Awesome script is not loaded (book/_ext/tinyk3_site.py removes it)."""
+    info = page.evaluate(JS_ICONS)
+    if info["script"] or info["svg"]:
+        problems.append(f"Font Awesome's script is loaded ({info['script']} script tag(s), "
+                        f"{info['svg']} icon(s) replaced by SVG): 1.5 MB the web fonts make "
+                        "unnecessary")
+    if not info["shown"]:
+        problems.append("no visible icon found (the header's search, menu, download?)")
+    for bad in info["bad"][:4]:
+        problems.append(f"an icon is not drawn: {bad}")
+
+
 def check_focus_and_contrast(page, problems: list[str]) -> None:
     page.keyboard.press("Shift")  # the last input is the keyboard: focus is focus-visible
     info = page.evaluate(JS_FOCUS_AND_CONTRAST)
@@ -525,6 +556,7 @@ def test_page(browser, base, page_file, view):
         check_text(page, source, problems)
         check_overflow(page, view, page_file, problems)
         check_layout(page, problems)
+        check_icons(page, problems)
         check_figures(page.evaluate(JS_IMAGES), notebook, view, problems)
         if notebook:
             check_launch(page, page_file, view, problems)
@@ -556,6 +588,39 @@ def test_page(browser, base, page_file, view):
     problems = log.report() + problems
     assert not problems, f"{url} at {view} width ({source.relative_to(BOOK)}):\n  " + \
         "\n  ".join(problems)
+
+
+@pytest.mark.browser
+def test_a_figure_opens_enlarged_on_a_phone(browser, base):
+    """Tapping a multi-panel figure on a phone (chapter 18's nine-panel Fig. 18.2) opens it at
+    least 680 px wide in a layer that scrolls sideways, with the focus on its Close button;
+    Escape closes it and gives the focus back to the figure; a tap on the layer closes it."""
+    page_file = "notebooks/18_the_road_compared"
+    context = browser.new_context(service_workers="block", **VIEWPORTS["phone"])
+    page = context.new_page()
+    try:
+        page.goto(base + f"{page_file}.html", wait_until="load")
+        link = page.locator("figure a.image-reference").nth(1)
+        link.scroll_into_view_if_needed()
+        page.wait_for_function("(a) => a.querySelector('img').complete", arg=link.element_handle())
+        shown = link.locator("img").bounding_box()["width"]
+        link.click()
+        layer = page.locator("div.tinyk3-zoom")
+        assert layer.is_visible(), "tapping a figure opened no enlarged view"
+        geo = layer.evaluate("(l) => ({img: l.querySelector('img').getBoundingClientRect()"
+                             ".width, scroll: l.scrollWidth, client: l.clientWidth, focus: "
+                             "document.activeElement.textContent})")
+        assert geo["img"] >= 680 > 1.5 * shown, (shown, geo)
+        assert geo["scroll"] > geo["client"], f"the enlarged figure does not scroll: {geo}"
+        assert geo["focus"] == "Close", geo
+        page.keyboard.press("Escape")
+        assert layer.count() == 0, "Escape left the enlarged figure open"
+        assert page.evaluate("document.activeElement.classList.contains('image-reference')")
+        link.click()
+        page.locator("div.tinyk3-zoom").click(position={"x": 20, "y": 400})
+        assert page.locator("div.tinyk3-zoom").count() == 0, "a tap left it open"
+    finally:
+        context.close()
 
 
 @pytest.mark.browser

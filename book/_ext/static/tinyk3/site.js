@@ -149,7 +149,55 @@
                                attributes: true, attributeFilter: ["src", "value", "class"]});
     update();
   }
+  // Figures: tapping one opens it enlarged (twice its shown width, at least 680 px, at most
+  // its own pixels) in a full-screen layer that scrolls both ways, so a phone reader can read
+  // a multi-panel figure's labels. Tapping the layer, its Close button or Escape closes it and
+  // gives the focus back to the figure. A figure already shown at its own size keeps its
+  // plain link to the image file.
+  function figureZoom() {
+    function open(img, link) {
+      var shown = img.getBoundingClientRect().width;
+      var width = Math.min(img.naturalWidth, Math.max(2 * shown, 680));
+      var layer = document.createElement("div");
+      layer.className = "tinyk3-zoom";
+      layer.setAttribute("role", "dialog");
+      layer.setAttribute("aria-modal", "true");
+      layer.setAttribute("aria-label", "Enlarged figure");
+      var close = document.createElement("button");
+      close.type = "button";
+      close.textContent = "Close";
+      var big = document.createElement("img");
+      big.src = img.currentSrc || img.src;
+      big.alt = img.alt;
+      big.style.width = Math.round(width) + "px";
+      layer.appendChild(close);
+      layer.appendChild(big);
+      function key(event) { if (event.key === "Escape") shut(); }
+      function shut() {
+        document.removeEventListener("keydown", key);
+        if (layer.parentNode) layer.parentNode.removeChild(layer);
+        document.documentElement.style.overflow = "";
+        link.focus();
+      }
+      layer.addEventListener("click", shut);
+      document.addEventListener("keydown", key);
+      document.body.appendChild(layer);
+      document.documentElement.style.overflow = "hidden";
+      close.focus();
+    }
+    var links = document.querySelectorAll("figure a.image-reference");
+    for (var i = 0; i < links.length; i++) {
+      links[i].addEventListener("click", function (event) {
+        var img = this.querySelector("img");
+        if (!img || !img.naturalWidth) return;
+        if (img.naturalWidth < 1.25 * img.getBoundingClientRect().width) return;
+        event.preventDefault();
+        open(img, this);
+      });
+    }
+  }
   function init() {
+    figureZoom();
     headingBreaks();
     widgetAlt();
     drawers();
