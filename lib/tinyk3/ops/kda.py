@@ -22,12 +22,14 @@ from __future__ import annotations
 import torch
 
 from .._validate import check_beta, check_gate, check_qkv
+from .chunks import check_backward_mode, from_chunks, needs_grad, to_chunks, with_derived_backward
 from .chunks import chunk_size as check_chunk_size
-from .chunks import from_chunks, to_chunks
 from .chunks import initial_state as initial_state_
-from .delta_rule import state_pass, ut_transform
+from .delta_rule import adjoint_state_pass, state_pass, ut_parts, ut_transform, ut_transform_backward
+from .gated_delta_rule import Grads, check_backward_inputs, grads, token_loop_backward
 
-__all__ = ["recurrent", "chunked", "pair_scores", "sub_chunk_size", "SUB_CHUNK", "EXP_LIMIT"]
+__all__ = ["recurrent", "chunked", "pair_scores", "sub_chunk_size", "SUB_CHUNK", "EXP_LIMIT",
+           "Grads", "recurrent_backward", "chunked_backward", "pair_scores_backward"]
 
 SUB_CHUNK = 16  # tokens per sub-chunk (fla's chunk_intra, FlashKDA's CHUNK = 16)
 # The factorised diagonal blocks hold exp(−Σ g) over at most one sub-chunk; float32's exp
@@ -167,6 +169,7 @@ def chunked(
     *,
     chunk_size: int = 64,
     initial_state: torch.Tensor | None = None,
+    backward: str = "derived",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunkwise KDA. Same contract as :func:`recurrent`.
 
@@ -186,17 +189,33 @@ def chunked(
     with a reference point each, so every factor stays bounded; if some sub-chunk's gates sum
     below ``−EXP_LIMIT`` (possible only for gates below ``−5``) its diagonal blocks are computed
     pair by pair. Every other factor (``exp(G_i)``, ``exp(G_C − G_i)``, ``exp(G_C)``) is ``≤ 1``.
-    Any ``chunk_size ≥ 1`` (sub-chunks: :func:`sub_chunk_size`); differentiable.
+    Any ``chunk_size ≥ 1`` (sub-chunks: :func:`sub_chunk_size`).
+
+    Differentiable: by :func:`chunked_backward` (``backward="derived"``, chapter 20; autograd keeps
+    the inputs and the chunk-boundary states only) or by autograd through the operations above
+    (``backward="autograd"``).
     """
     op = "kda.chunked"
     B, H, T, Dk, Dv = check_qkv(q, k, v, op)
     check_beta(beta, B, H, T, q, op)
     check_gate(g, B, H, T, Dk, q, op)
     C = check_chunk_size(chunk_size, op)
-    S = initial_state_(initial_state, (B, H, Dk, Dv), q, op).reshape(B * H, Dk, Dv)
+    S0 = initial_state_(initial_state, (B, H, Dk, Dv), q, op)
+    if check_backward_mode(backward, op) == "derived" and needs_grad(q, k, v, beta, g,
+                                                                     initial_state):
+        return with_derived_backward(_chunked_forward, chunked_backward, (q, k, v, beta, g),
+                                     None if initial_state is None else S0, C)
+    return _chunked_forward(q, k, v, beta, g, C, S0)[:2]
+
+
+def _chunked_forward(q, k, v, beta, g, C: int, S0: torch.Tensor):
+    """:func:`chunked`'s stages, inputs checked; returns ``o``, ``S_T`` and every ``S_[c]``."""
+    B, H, T, Dk = q.shape
+    Dv = v.shape[-1]
+    S = S0.reshape(B * H, Dk, Dv)
     acc, out_dtype = S.dtype, v.dtype
     if T == 0:
-        return v.new_zeros(B, H, 0, Dv), S.view(B, H, Dk, Dv).clone()
+        return v.new_zeros(B, H, 0, Dv), S.view(B, H, Dk, Dv).clone(), S.new_zeros(B * H, 0, Dk, Dv)
     Q, K, V, gc = (to_chunks(t.to(acc), C).flatten(0, 1) for t in (q, k, v, g))  # [BH, N, C, D]
     b = to_chunks(beta.to(acc).unsqueeze(-1), C).flatten(0, 1)  # [BH, N, C, 1]
     BH, N = Q.shape[:2]
@@ -228,4 +247,168 @@ def chunked(
     # (4) O_[c] = (Q ⊙ Γ) S_[c] + Ω U'
     o = (Q * gamma) @ S_all + Om @ U_new
     o = from_chunks(o.view(B, H, *o.shape[1:]), T)
-    return o.to(out_dtype), S.view(B, H, Dk, Dv)
+    return o.to(out_dtype), S.view(B, H, Dk, Dv), S_all
+
+
+# -- the backward pass (chapter 20) ------------------------------------------------------------
+
+def recurrent_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    d_o: torch.Tensor,
+    d_state: torch.Tensor | None = None,
+    *,
+    initial_state: torch.Tensor | None = None,
+) -> Grads:
+    """The reference backward of :func:`recurrent`: the adjoint state run backward in time, the
+    gate's gradient row by row of the state
+    (:func:`tinyk3.ops.gated_delta_rule.token_loop_backward`). Returns :class:`Grads`."""
+    op = "kda.recurrent_backward"
+    *_, S0 = check_backward_inputs(q, k, v, beta, g, d_o, d_state, initial_state, True, op)
+    dq, dk, dv, db, dg, dS = token_loop_backward(q, k, v, beta, g, S0, d_o, d_state)
+    return grads(dq, dk, dv, db, dg, dS, q, v, beta, g, initial_state)
+
+
+def pair_scores_backward(pairs, Y: torch.Tensor, L: torch.Tensor, r: torch.Tensor, *,
+                         exact_diagonal: bool = False):
+    """The backward of :func:`pair_scores`. For each ``(M, X)`` in ``pairs`` (``M = ∂L/∂P``
+    ``[Z, C, C]``, zero where ``P`` is, ``X [Z, n, s, D]``) and the shared columns ``Y``::
+
+        dX_id = Σ_j M_ij Y_jd e^{G_id − G_jd}      dY_jd = Σ_i M_ij X_id e^{G_id − G_jd}
+        dG_id = X_id dX_id − Y_id dY_id            (the exponent is + G_i and − G_j)
+
+    by the forward's blocks: below the diagonal, ``e^{G_i − G_j} = e^{L_i} · e^{r_a − r_b − L_j}``,
+    both factors ``≤ 1``; a diagonal block splits at its middle token ``m`` instead,
+    ``e^{L_i − L_m} · e^{L_m − L_j}``, each factor at most ``e^{5 s / 2}`` (``e^{40}`` at
+    ``s = 16`` for gates ``≥ −5``), so a product with a gradient can not overflow float32 where
+    the forward's one-sided factor ``e^{−L_j}`` (up to ``e^{80}``) could. ``exact_diagonal``:
+    the diagonal blocks pair by pair, for any ``g ≤ 0``. Returns the list of ``dX`` (one per
+    pair), ``dY`` (summed over the pairs) and ``dG`` (summed), each ``[Z, n, s, D]``.
+    """
+    Z, n, s, D = Y.shape
+    C = n * s
+    Yf = Y.reshape(Z, C, D)
+    dXs = [torch.zeros_like(X) for _, X in pairs]
+    dY = torch.zeros_like(Yf)
+    rows = torch.exp(L)  # e^{L_i} ≤ 1
+    for a in range(n):
+        lo, hi = a * s, (a + 1) * s
+        if lo:  # the column blocks b < a
+            cols = torch.exp(((r[:, a:a + 1] - r[:, :a]) - L[:, :a]).reshape(Z, lo, D))
+            Yc = Yf[:, :lo] * cols
+            for (M, X), dX in zip(pairs, dXs):
+                Mab = M[:, lo:hi, :lo]  # [Z, s, lo]
+                dX[:, a] += rows[:, a] * (Mab @ Yc)
+                dY[:, :lo] += cols * (Mab.transpose(-1, -2) @ (X[:, a] * rows[:, a]))
+        if exact_diagonal:
+            continue
+        m = L[:, a, (s - 1) // 2].unsqueeze(1)  # the middle token's sum            [Z, 1, D]
+        before, after = torch.exp(L[:, a] - m), torch.exp(m - L[:, a])  # e^{L_i − L_m}, e^{L_m − L_j}
+        for (M, X), dX in zip(pairs, dXs):
+            Md = M[:, lo:hi, lo:hi]
+            dX[:, a] += before * (Md @ (Y[:, a] * after))
+            dY[:, lo:hi] += after * (Md.transpose(-1, -2) @ (X[:, a] * before))
+    dY = dY.view(Z, n, s, D)
+    if exact_diagonal:  # e^{L_i − L_j} pair by pair inside each sub-chunk
+        i = torch.arange(s, device=Y.device)
+        lower = (i[:, None] >= i[None, :])[None, None, :, :, None]
+        E = L.unsqueeze(3) - L.unsqueeze(2)  # L_i − L_j                            [Z, n, s, s, D]
+        E = torch.exp(torch.where(lower, E, torch.full_like(E, -torch.inf)))
+        for (M, X), dX in zip(pairs, dXs):
+            Md = torch.stack([M[:, a * s:(a + 1) * s, a * s:(a + 1) * s] for a in range(n)], 1)
+            dX += torch.einsum("znij,znjd,znijd->znid", Md, Y, E)
+            dY += torch.einsum("znij,znid,znijd->znjd", Md, X, E)
+    dG = sum(X * dX for (_, X), dX in zip(pairs, dXs)) - Y * dY
+    return dXs, dY, dG
+
+
+def chunked_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    d_o: torch.Tensor,
+    d_state: torch.Tensor | None = None,
+    *,
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+    boundary_states: torch.Tensor | None = None,
+) -> Grads:
+    """The backward of :func:`chunked` from the derived formulas (chapter 20), no autograd.
+
+    Gated DeltaNet's backward (:func:`tinyk3.ops.gated_delta_rule.chunked_backward`) with the
+    gate's factors per channel: ``γ_i``, ``ρ_i = e^{G_C − G_i}`` and ``γ_C`` are row vectors, and
+    the decayed scores ``Ω^kk`` and ``Ω`` are not a matrix times a mask, so their gradients go
+    through :func:`pair_scores_backward`, sub-chunk by sub-chunk, with every factor bounded as in
+    the forward. The log decay's gradient is again a reverse cumulative sum over the chunk,
+    channel by channel. Finite and accurate in float32 for gates ``≥ −5`` per step and channel
+    (and any ``g ≤ 0`` through the exact diagonal path). Returns :class:`Grads`.
+    """
+    op = "kda.chunked_backward"
+    B, H, T, Dk, Dv, S0 = check_backward_inputs(q, k, v, beta, g, d_o, d_state, initial_state,
+                                                True, op)
+    C = check_chunk_size(chunk_size, op)
+    acc = S0.dtype
+    dS = (S0.new_zeros(B * H, Dk, Dv) if d_state is None
+          else d_state.to(acc).reshape(B * H, Dk, Dv))
+    if T == 0:
+        z = q.new_zeros(B, H, 0, Dk, dtype=acc)
+        return grads(z, z, z.new_zeros(B, H, 0, Dv), z.new_zeros(B, H, 0), z,
+                     dS.view(B, H, Dk, Dv), q, v, beta, g, initial_state)
+    Q, K, V, gc, dO = (to_chunks(t.to(acc), C).flatten(0, 1) for t in (q, k, v, g, d_o))
+    b = to_chunks(beta.to(acc).unsqueeze(-1), C).flatten(0, 1)  # [BH, N, C, 1]
+    BH, N = Q.shape[:2]
+    s = sub_chunk_size(C)
+    n = C // s
+    L, r, G, G_rest = _gate_sums(gc.reshape(BH * N, n, s, Dk))
+    exact = bool((L.amin() < -EXP_LIMIT).item())
+    rows = torch.exp(L)
+    gamma = (rows if n == 1 else rows * torch.exp(r)).reshape(BH, N, C, Dk)  # γ_i
+    rho = torch.exp(G_rest).reshape(BH, N, C, Dk)  # ρ_i = e^{G_C − G_i}
+    decay = torch.exp(G.reshape(BH, N, C, Dk)[:, :, -1]).unsqueeze(-1)  # γ_C     [BH, N, Dk, 1]
+    Ks, Qs = K.reshape(BH * N, n, s, Dk), Q.reshape(BH * N, n, s, Dk)
+
+    # (1) and (2): the decayed scores, the UT transform and the WY factors, recomputed
+    A, Om = (P.reshape(BH, N, C, C) for P in _pair_scores(
+        [Ks, Qs], Ks, L, r, strict=(True, False), exact_diagonal=exact, rows=rows))
+    X, Tk = ut_parts(A, b)
+    Kg, Qg, Kr = K * gamma, Q * gamma, K * rho
+    W, U = Tk @ Kg, Tk @ V
+    # (3) U'_[c] from the boundary states
+    S_all = (state_pass(W, U, Kr.transpose(-1, -2), S0.reshape(BH, Dk, Dv), decay)[0]
+             if boundary_states is None else boundary_states.to(acc))
+    U_new = U - W @ S_all
+    # (4) the adjoint state pass, decaying row by row by γ_C
+    dU_new, dS_next, dS0 = adjoint_state_pass(Om.transpose(-1, -2) @ dO,
+                                              Qg.transpose(-1, -2) @ dO, W, Kr, dS, decay)
+    # (5) every chunk's gradients at once
+    dQg = dO @ S_all.transpose(-1, -2)  # through (Q ⊙ Γ) S_[c]
+    dOm = (dO @ U_new.transpose(-1, -2)).tril()  # through Ω U' (Ω lives on j ≤ i)
+    dKr = U_new @ dS_next.transpose(-1, -2)  # through (K ⊙ ρ)ᵀ U'
+    dW = -(dU_new @ S_all.transpose(-1, -2))
+    dKg = Tk.transpose(-1, -2) @ dW  # through W = 𝒯 (K ⊙ Γ)
+    dT = dW @ Kg.transpose(-1, -2) + dU_new @ V.transpose(-1, -2)
+    dA, db = ut_transform_backward(A, b, X, Tk, dT)  # dA: strictly lower, as Ω^kk
+    (dK_rows, dQ_rows), dK_cols, dG_pairs = pair_scores_backward(
+        [(dA.reshape(BH * N, C, C), Ks), (dOm.reshape(BH * N, C, C), Qs)], Ks, L, r,
+        exact_diagonal=exact)
+    dQ = gamma * dQg + dQ_rows.reshape(BH, N, C, Dk)
+    dK = (gamma * dKg + rho * dKr
+          + (dK_rows + dK_cols).reshape(BH, N, C, Dk))
+    dV = Tk.transpose(-1, -2) @ dU_new
+    # the log decay, channel by channel: every factor of the gate, then the reverse cumsum
+    dG = gamma * (dQg * Q + dKg * K) + dG_pairs.reshape(BH, N, C, Dk)
+    dG[:, :, -1] += decay.squeeze(-1) * (dS_next * S_all).sum(-1)  # through Diag(γ_C) S_[c]
+    d_rest = rho * dKr * K  # through ρ_i = e^{Σ_{s>i} g_s}
+    dg = dG.flip(2).cumsum(2).flip(2)  # dg_s = Σ_{i ≥ s} dG_i
+    dg = dg + torch.cat([torch.zeros_like(d_rest[:, :, :1]), d_rest[:, :, :-1].cumsum(2)], 2)
+
+    def back(x):  # [BH, N, C, ...] -> [B, H, T, ...]
+        return from_chunks(x.view(B, H, *x.shape[1:]), T)
+
+    return grads(back(dQ), back(dK), back(dV), back(db).squeeze(-1), back(dg),
+                 dS0.view(B, H, Dk, Dv), q, v, beta, g, initial_state)
