@@ -147,3 +147,20 @@ def test_git_commit_is_dirty_for_code_but_not_for_stored_notebook_outputs(tmp_pa
         git("checkout", "-q", "--", name)
     (tmp_path / "untracked.py").write_text("z = 3")  # untracked files do not count, as before
     assert bench.git_commit(tmp_path)[1] is False
+
+
+def test_backward_mode_times_both_backwards_and_records_what_each_keeps(tmp_path):
+    js = tmp_path / "bw.json"
+    bench.main(["delta_rule", "kda", "--backward", "--T", "40", "--C", "16", "--H", "1",
+                "--D", "8", "--repeats", "1", "--json", str(js)])
+    data = json.loads(js.read_text())
+    assert {"commit", "torch"} <= set(data["environment"])
+    rows = data["rows"]
+    assert [(r["rule"], r["form"]) for r in rows] == [
+        ("delta_rule", "derived"), ("delta_rule", "autograd"), ("kda", "derived"),
+        ("kda", "autograd")]
+    for r in rows:
+        assert r["seconds"] > 0 and r["kept_bytes"] > 0 and r["speedup"] > 0
+        # the derived backward keeps the boundary states: 3 chunks of [8, 8] floats
+        assert r["kept_ratio"] < 1
+    assert rows[0]["kept_bytes"] == 3 * 8 * 8 * 4

@@ -112,7 +112,9 @@ def test_widgets_render_and_respond_under_ipywidgets7(served, name, view):
         wait(page, problems, JS_WIDGETS_DONE, "widgets did not finish rendering")
         page.wait_for_load_state("networkidle")
         page.screenshot(path=str(SHOTS / f"{view}-{path.stem}.png"), full_page=True)
-        check_widgets(page, problems, labels=widget_labels(state), phone=view == "phone")
+        # Colab draws its own widgets: the site's 24 px handles (site.css) are not asked of it
+        check_widgets(page, problems, labels=widget_labels(state), phone=view == "phone",
+                      min_handle=None)
     finally:
         context.close()
     # The 7.x manager asks unpkg.com for Font Awesome's fonts (no widget here uses an icon).

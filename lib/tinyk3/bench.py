@@ -23,6 +23,13 @@ Forms timed for each rule (``form`` column):
 * ``sdpa`` (``--sdpa``; default on a GPU): causal softmax attention at the same shapes
   (``torch.nn.functional.scaled_dot_product_attention``), the quadratic baseline.
 
+``--backward`` times training instead (chapters 19 and 20): for each rule, forward and backward
+of ``chunked`` with its derived backward (``form`` ``derived``) and with autograd through the
+PyTorch forward (``autograd``), in the same run, and the bytes each keeps between forward and
+backward beyond the inputs' own storages (``kept_bytes``; :func:`tinyk3.grad_memory.saved_bytes`).
+
+    python -m tinyk3.bench delta_rule gated_delta_rule kda --backward --T 1024 4096 16384 --C 64
+
 A form whose package is missing is skipped with a message. The matmul benchmark gives the
 machine's reachable FLOP/s, measured in the same run (before and after the forms), so every
 form's FLOP rate can be read as a fraction of it (chapter 8).
@@ -49,7 +56,7 @@ from .cost import chunked_delta_rule_flops, sdpa_flops
 from .timing import Timing, time_fn
 
 __all__ = ["environment", "git_commit", "stamp", "time_fn", "Timing", "matmul_flops", "fla_chunkwise",
-           "fla_chunk_kernel", "triton_chunked", "bench_delta_rule", "RULES", "main"]
+           "fla_chunk_kernel", "triton_chunked", "bench_delta_rule", "bench_backward", "RULES", "main"]
 
 
 def git_commit(cwd: Path | None = None) -> tuple[str, bool | None]:
@@ -272,6 +279,48 @@ def bench_delta_rule(Ts=(256, 1024, 4096), *, B=1, H=4, D=64, chunk_sizes=(16, 3
     return rows
 
 
+def bench_backward(Ts=(1024, 4096), *, B=1, H=4, D=64, C=64, repeats=3, dtype=torch.float32,
+                   device="cpu", rule="delta_rule") -> list[dict]:
+    """Forward + backward of ``ops.<rule>.chunked`` with ``backward="derived"`` and with
+    ``backward="autograd"``: one row per (form, T) with the time (one statistic, :func:`time_fn`)
+    and ``kept_bytes``, what autograd holds between the two passes beyond the inputs' storages.
+    The loss is ``⟨o, dO⟩ + ⟨S_T, dS⟩`` with fixed random ``dO``, ``dS``; every input requires a
+    gradient. Rows of one T also carry ``kept_ratio`` and ``speedup`` (derived against autograd).
+    """
+    from . import ops
+    from .grad_memory import saved_bytes
+
+    if rule not in RULES:
+        raise ValueError(f"bench_backward: rule must be one of {RULES}, got {rule!r}")
+    op = getattr(ops, rule)
+    rows = []
+    for T in Ts:
+        q, k, v, beta, gate = _rule_inputs(rule, B, H, T, D, seed=T)
+        args = [t.to(device=device, dtype=dtype) for t in (q, k, v, beta, gate) if t is not None]
+        leaves = [t.requires_grad_() for t in args]
+        gen = torch.Generator().manual_seed(T + 1)
+        dO = torch.randn(B, H, T, D, generator=gen).to(device=device, dtype=dtype)
+        dS = torch.randn(B, H, D, D, generator=gen).to(device=device, dtype=torch.float32)
+        pair = {}
+        for mode in ("derived", "autograd"):
+            def step(mode=mode, leaves=leaves, dO=dO, dS=dS):
+                o, S = op.chunked(*leaves, chunk_size=C, backward=mode)
+                return torch.autograd.grad((o * dO).sum() + (S * dS).sum(), leaves)
+
+            kept = saved_bytes(lambda *xs, m=mode: op.chunked(*xs, chunk_size=C, backward=m),
+                               *leaves)
+            seconds = time_fn(step, repeats=repeats, cuda=device == "cuda")
+            pair[mode] = {"rule": rule, "form": mode, "T": T, "C": C, "B": B, "H": H, "D": D,
+                          "dtype": str(dtype).replace("torch.", ""), "device": device,
+                          "seconds": seconds, "tokens_per_s": B * T / seconds,
+                          "kept_bytes": kept.bytes, "input_bytes": kept.input_bytes}
+        for r in pair.values():
+            r["kept_ratio"] = pair["derived"]["kept_bytes"] / pair["autograd"]["kept_bytes"]
+            r["speedup"] = pair["autograd"]["seconds"] / pair["derived"]["seconds"]
+        rows += list(pair.values())
+    return rows
+
+
 def _print_table(rows: list[dict], keys: list[str]) -> None:
     widths = [max(len(k), *(len(_fmt(r.get(k))) for r in rows)) for k in keys]
     print("  ".join(k.rjust(w) for k, w in zip(keys, widths)))
@@ -347,6 +396,9 @@ def main(argv=None) -> None:
                     help="time chapter 9's Triton kernel (default: on a GPU only; on CPU it is interpreted)")
     ap.add_argument("--sdpa", action=argparse.BooleanOptionalAction, default=None,
                     help="time causal softmax attention at the same shapes (default: on a GPU only)")
+    ap.add_argument("--backward", action="store_true",
+                    help="time forward+backward of chunked, derived backward against autograd, "
+                         "and the bytes each keeps (one chunk size: the first --C)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--csv")
@@ -371,6 +423,13 @@ def main(argv=None) -> None:
         rows = [{"n": n, "gflops_per_s": matmul_flops(n, dtype_peak, device=args.device) / 1e9}
                 for n in (64, 128, 256, 512, 1024)]
         _print_table(rows, ["n", "gflops_per_s"])
+    elif args.backward:
+        rows = []
+        for rule in args.what:
+            rows += bench_backward(args.T, B=args.B, H=args.H, D=args.D, C=args.C[0],
+                                   repeats=args.repeats, dtype=dtype, device=args.device, rule=rule)
+        _print_table(rows, ["rule", "form", "T", "C", "seconds", "tokens_per_s", "kept_bytes",
+                            "kept_ratio", "speedup"])
     else:
         rows = []
         for rule in args.what:

@@ -9,6 +9,8 @@ so it writes nothing into the state, and its output is dropped.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -16,11 +18,24 @@ from .._validate import check_state, positive_int
 
 __all__ = ["chunk_size", "accumulation_dtype", "to_chunks", "from_chunks", "initial_state",
            "exclusive_scan_", "BACKWARD_MODES", "check_backward_mode", "needs_grad",
-           "check_cotangents", "with_derived_backward"]
+           "check_cotangents", "with_derived_backward", "backward_mode"]
 
 # How a chunked form is differentiated (chapter 19): by the derived backward, which keeps only
 # the inputs and the chunk-boundary states, or by autograd through the PyTorch forward.
 BACKWARD_MODES = ("derived", "autograd")
+_DEFAULT_BACKWARD = ["derived"]  # a stack: backward_mode() pushes, and pops on leaving
+
+
+@contextlib.contextmanager
+def backward_mode(mode: str):
+    """Inside the ``with`` block, a chunked form called without ``backward=`` is differentiated
+    by ``mode`` (``"derived"`` or ``"autograd"``): how a whole model built of chunked layers is
+    switched from one backward to the other (chapter 19 trains and measures both)."""
+    _DEFAULT_BACKWARD.append(check_backward_mode(mode, "backward_mode"))
+    try:
+        yield mode
+    finally:
+        _DEFAULT_BACKWARD.pop()
 
 
 def chunk_size(C, op: str) -> int:
@@ -82,7 +97,10 @@ def exclusive_scan_(x: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
 
 
 def check_backward_mode(mode, op: str) -> str:
-    """``mode`` if it is one of :data:`BACKWARD_MODES`, else ``ValueError``."""
+    """``mode`` if it is one of :data:`BACKWARD_MODES` (None: the current default, ``"derived"``
+    unless inside :func:`backward_mode`), else ``ValueError``."""
+    if mode is None:
+        return _DEFAULT_BACKWARD[-1]
     if not isinstance(mode, str) or mode not in BACKWARD_MODES:
         raise ValueError(f"{op}: backward must be one of {list(BACKWARD_MODES)}, got {mode!r}")
     return mode

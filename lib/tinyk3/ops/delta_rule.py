@@ -125,7 +125,7 @@ def chunked(
     *,
     chunk_size: int = 64,
     initial_state: torch.Tensor | None = None,
-    backward: str = "derived",
+    backward: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunkwise DeltaNet (chapter 8; Yang et al., 2024). Same contract as :func:`recurrent`.
 
@@ -144,7 +144,8 @@ def chunked(
     ``C = T`` is :func:`parallel`, ``C = 1`` the recurrence. Any ``T`` (the last chunk is
     zero-padded: padded tokens have ``k = 0, β = 0`` and change nothing).
 
-    Differentiable. ``backward="derived"`` (the default): between forward and backward it keeps
+    Differentiable. ``backward="derived"`` (the default; see
+    :func:`tinyk3.ops.chunks.backward_mode`): between forward and backward it keeps
     only the inputs and the chunk-boundary states ``S_[c]``, and the backward is
     :func:`chunked_backward` (chapter 19). ``backward="autograd"``: autograd through the
     PyTorch operations above, which keeps every chunk's intermediates (for comparison).

@@ -111,7 +111,7 @@ def chunked(
     *,
     chunk_size: int = 64,
     initial_state: torch.Tensor | None = None,
-    backward: str = "derived",
+    backward: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunkwise Gated DeltaNet. Same contract as :func:`recurrent`.
 
@@ -131,9 +131,9 @@ def chunked(
     finite and accurate in float32 for any ``g ≤ 0``. Zero-padded tokens have ``g = 0`` (no decay),
     ``k = 0``, ``β = 0``: they change nothing. Any ``chunk_size ≥ 1``.
 
-    Differentiable: by :func:`chunked_backward` (``backward="derived"``, chapter 20; autograd keeps
-    the inputs and the chunk-boundary states only) or by autograd through the operations above
-    (``backward="autograd"``).
+    Differentiable: by :func:`chunked_backward` (``backward="derived"``, the default, chapter
+    20; autograd keeps the inputs and the chunk-boundary states only) or by autograd through the
+    operations above (``backward="autograd"``; :func:`tinyk3.ops.chunks.backward_mode`).
     """
     op = "gated_delta_rule.chunked"
     B, H, T, Dk, Dv = check_qkv(q, k, v, op)

@@ -169,7 +169,7 @@ def chunked(
     *,
     chunk_size: int = 64,
     initial_state: torch.Tensor | None = None,
-    backward: str = "derived",
+    backward: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunkwise KDA. Same contract as :func:`recurrent`.
 
@@ -191,9 +191,9 @@ def chunked(
     pair by pair. Every other factor (``exp(G_i)``, ``exp(G_C − G_i)``, ``exp(G_C)``) is ``≤ 1``.
     Any ``chunk_size ≥ 1`` (sub-chunks: :func:`sub_chunk_size`).
 
-    Differentiable: by :func:`chunked_backward` (``backward="derived"``, chapter 20; autograd keeps
-    the inputs and the chunk-boundary states only) or by autograd through the operations above
-    (``backward="autograd"``).
+    Differentiable: by :func:`chunked_backward` (``backward="derived"``, the default, chapter
+    20; autograd keeps the inputs and the chunk-boundary states only) or by autograd through the
+    operations above (``backward="autograd"``; :func:`tinyk3.ops.chunks.backward_mode`).
     """
     op = "kda.chunked"
     B, H, T, Dk, Dv = check_qkv(q, k, v, op)
