@@ -624,8 +624,11 @@ for name in names:
 #   the mechanisms of this course. That is the cost of scale, not its quality, which comes
 #   largely from data and training.
 #
-# **Where to go next.** The [where to go next](../book/next.md) page lists what the course
-# left out and how to extend it; the [glossary](../book/glossary.md) collects its terms.
+# **Next.** The post's story ends here, at Kimi K3. Part VI goes beyond it, to training:
+# [chapter 19](19_chunked_backward.ipynb) derives the backward pass of the chunked delta rule,
+# which every chapter so far left to autograd. The [where to go next](../book/next.md) page
+# lists what the course left out and how to extend it; the [glossary](../book/glossary.md)
+# collects its terms.
 
 # %%
 print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")

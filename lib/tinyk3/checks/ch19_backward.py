@@ -105,14 +105,14 @@ register(Exercise(
 # -- backward.unit_lower_inverse ---------------------------------------------------------------
 
 
-def inverse_backward(L, dX):
-    """Reference: ``X = (I + L)⁻¹`` with ``L`` strictly lower triangular ``[..., C, C]``; given
-    ``dX = ∂loss/∂X``, return ``∂loss/∂L = tril(−Xᵀ dX Xᵀ, −1)`` (zero on and above the
-    diagonal, where ``L`` has no entries)."""
-    return _inverse(L, dX)
+def inverse_backward(A_low, dX):
+    """Reference: ``X = (I + A_<)⁻¹`` with ``A_<`` (``A_low``) strictly lower triangular
+    ``[..., C, C]``; given ``dX = ∂loss/∂X``, return ``∂loss/∂A_< = tril(−Xᵀ dX Xᵀ, −1)`` (zero
+    on and above the diagonal, where ``A_<`` has no entries)."""
+    return _inverse(A_low, dX)
 
 
-def _inverse(L, dX, *, transposes=True, mask=-1, sign=-1.0, one_sided=False):
+def _inverse(L, dX, *, transposes=True, mask=-1, sign=-1.0, one_sided=False):  # L: A_<
     eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
     X = torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)
     Xt = X.transpose(-1, -2) if transposes else X
@@ -138,7 +138,7 @@ def _inverse_cases(g: torch.Generator) -> list[Case]:
 register(Exercise(
     id="backward.unit_lower_inverse",
     title="the UT inverse's gradient",
-    signature="inverse_backward(L [..., C, C], dX [..., C, C]) -> dL [..., C, C]",
+    signature="inverse_backward(A_low [..., C, C], dX [..., C, C]) -> dA_low [..., C, C]",
     reference=inverse_backward,
     make_cases=_inverse_cases,
     chapter=19,
@@ -152,15 +152,15 @@ register(Exercise(
                 "one transpose is missing: the gradient is −Xᵀ dX Xᵀ, with X transposed on both "
                 "sides."),
         Mistake("no_mask", lambda L, dX: _inverse(L, dX, mask=None),
-                "your dL has entries on and above the diagonal: L is strictly lower triangular "
-                "(the 1s of I are constants), so keep only tril(·, −1)."),
+                "your gradient has entries on and above the diagonal: A_< is strictly lower "
+                "triangular (the 1s of I are constants), so keep only tril(·, −1)."),
         Mistake("diagonal_kept", lambda L, dX: _inverse(L, dX, mask=0),
-                "the diagonal is kept: the diagonal of I + L is the constant 1, L has none: "
+                "the diagonal is kept: the diagonal of I + A_< is the constant 1, A_< has none: "
                 "use tril(·, −1)."),
         Mistake("sign", lambda L, dX: _inverse(L, dX, sign=1.0),
-                "the sign is wrong: differentiating X (I + L) = I gives dX (I + L) + X dL = 0, so "
-                "dX = −X dL X: the gradient carries a minus."),
+                "the sign is wrong: differentiating X (I + A_<) = I gives δX (I + A_<) + X δA_< = 0, "
+                "so δX = −X δA_< X: the gradient carries a minus."),
     ],
-    hint="X = torch.linalg.solve_triangular(I + L, I, upper=False); return "
+    hint="X = torch.linalg.solve_triangular(I + A_low, I, upper=False); return "
          "(−Xᵀ @ dX @ Xᵀ).tril(−1).",
 ))

@@ -411,13 +411,15 @@ def ut_parts(A: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 def ut_transform_backward(A: torch.Tensor, b: torch.Tensor, X: torch.Tensor, Tm: torch.Tensor,
                           dT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The backward of :func:`ut_transform`, ``𝒯 = X diag(β)``, ``X = (I + L)⁻¹``,
-    ``L = tril(diag(β) A, −1)``, given ``d𝒯``.
+    """The backward of :func:`ut_transform`, ``𝒯 = X diag(β)``, ``X = (I + A_<)⁻¹``,
+    ``A_< = tril(diag(β) A, −1)``, given ``d𝒯``; ``A`` is the key-score matrix
+    :func:`ut_transform` reads (``K Kᵀ``, or the gated rules' decayed scores).
 
-    The inverse's gradient: from ``X (I + L) = I``, ``dX (I + L) + X dL = 0``, so a loss's
-    gradient flows to ``L`` as ``dL = −Xᵀ dX Xᵀ``, and with ``dX = d𝒯 diag(β)`` and
-    ``diag(β) Xᵀ = 𝒯ᵀ``, ``dL = −Xᵀ d𝒯 𝒯ᵀ``, kept on the strict lower triangle (where ``L``
-    lives). Then ``β`` enters twice, as the column scaling of ``𝒯`` and the row scaling of ``L``::
+    The inverse's gradient: from ``X (I + A_<) = I``, ``δX (I + A_<) + X δA_< = 0``, so a loss's
+    gradient flows to ``A_<`` as ``−Xᵀ dX Xᵀ``, and with ``dX = d𝒯 diag(β)`` and
+    ``diag(β) Xᵀ = 𝒯ᵀ``, as ``−Xᵀ d𝒯 𝒯ᵀ``, kept on the strict lower triangle (where ``A_<``
+    lives). Then ``β`` enters twice, as the column scaling of ``𝒯`` and the row scaling of
+    ``A_<``::
 
         G   = tril(−Xᵀ d𝒯 𝒯ᵀ, −1)
         dA  = diag(β) G                          (only A's strict lower triangle is read)
