@@ -371,7 +371,9 @@ def chunked_backward(
     dK = (dSc.transpose(-1, -2) @ Q + rho * dKr + gamma * dKg + (dAc + dAc.transpose(-1, -2)) @ K)
     dV = Tg.transpose(-1, -2) @ dU_new
     # the log decay: every term that carries a factor of the gate, then the reverse cumsum
-    Z = (d_raw * QK + dA * KK) * Gam  # dΓ ⊙ Γ (dΓ lives on j ≤ i only)            [BH, N, C, C]
+    # dΓ ⊙ Γ on j < i: Γ_ii = 1 has no gradient, and its two shares below would cancel only up to
+    # rounding, which can exceed the true gradient at strong gates (attention-gym PR 461)
+    Z = ((d_raw * QK + dA * KK) * Gam).tril(-1)  # [BH, N, C, C]
     dG = (gamma.squeeze(-1) * ((dQg * Q).sum(-1) + (dKg * K).sum(-1))
           + Z.sum(-1) - Z.sum(-2))
     dG[..., -1] += decay[..., 0, 0] * (dS_next * S_all).sum((-1, -2))  # through γ_C S_[c]

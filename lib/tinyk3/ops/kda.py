@@ -280,13 +280,19 @@ def pair_scores_backward(pairs, Y: torch.Tensor, L: torch.Tensor, r: torch.Tenso
         dX_id = Σ_j M_ij Y_jd e^{G_id − G_jd}      dY_jd = Σ_i M_ij X_id e^{G_id − G_jd}
         dG_id = X_id dX_id − Y_id dY_id            (the exponent is + G_i and − G_j)
 
-    by the forward's blocks: below the diagonal, ``e^{G_i − G_j} = e^{L_i} · e^{r_a − r_b − L_j}``,
-    both factors ``≤ 1``; a diagonal block splits at its middle token ``m`` instead,
-    ``e^{L_i − L_m} · e^{L_m − L_j}``, each factor at most ``e^{5 s / 2}`` (``e^{40}`` at
-    ``s = 16`` for gates ``≥ −5``), so a product with a gradient can not overflow float32 where
-    the forward's one-sided factor ``e^{−L_j}`` (up to ``e^{80}``) could. ``exact_diagonal``:
-    the diagonal blocks pair by pair, for any ``g ≤ 0``. Returns the list of ``dX`` (one per
-    pair), ``dY`` (summed over the pairs) and ``dG`` (summed), each ``[Z, n, s, D]``.
+    by the forward's blocks. Below the diagonal, ``e^{G_i − G_j} = e^{L_i} · e^{r_a − r_b − L_j}``,
+    both factors ``≤ 1``. A diagonal block is split at a reference point taken from its first
+    token, ``m = L_0 − EXP_LIMIT / 2``: ``e^{L_i − m} · e^{m − L_j}``, each factor within
+    ``e^{±40}`` whenever the block's gates sum to ``≥ −EXP_LIMIT`` (else ``exact_diagonal``, pair by
+    pair), so a product with a gradient cannot overflow float32, and no factor depends on a
+    later token's gate (a reference at the block's middle token would: fla issue 1240).
+
+    The pairs ``i = j`` are left out of the gate's gradient: their decay ``e^{G_i − G_i} = 1``
+    does not depend on the gate, so their two shares (``+ X_i dX_i`` and ``− Y_i dY_i``) cancel
+    exactly, and computed through the factors they would leave only rounding, which can exceed the
+    true gradient at strong gates (attention-gym PR 461). Their share of ``dX`` and ``dY``,
+    ``M_ii Y_i`` and ``M_ii X_i``, is added directly. Returns the list of ``dX`` (one per pair),
+    ``dY`` (summed over the pairs) and ``dG`` (summed), each ``[Z, n, s, D]``.
     """
     Z, n, s, D = Y.shape
     C = n * s
@@ -294,6 +300,7 @@ def pair_scores_backward(pairs, Y: torch.Tensor, L: torch.Tensor, r: torch.Tenso
     dXs = [torch.zeros_like(X) for _, X in pairs]
     dY = torch.zeros_like(Yf)
     rows = torch.exp(L)  # e^{L_i} ≤ 1
+    strict = torch.ones(s, s, dtype=torch.bool, device=Y.device).tril(-1)
     for a in range(n):
         lo, hi = a * s, (a + 1) * s
         if lo:  # the column blocks b < a
@@ -305,23 +312,25 @@ def pair_scores_backward(pairs, Y: torch.Tensor, L: torch.Tensor, r: torch.Tenso
                 dY[:, :lo] += cols * (Mab.transpose(-1, -2) @ (X[:, a] * rows[:, a]))
         if exact_diagonal:
             continue
-        m = L[:, a, (s - 1) // 2].unsqueeze(1)  # the middle token's sum            [Z, 1, D]
-        before, after = torch.exp(L[:, a] - m), torch.exp(m - L[:, a])  # e^{L_i − L_m}, e^{L_m − L_j}
+        m = L[:, a, :1] - EXP_LIMIT / 2  # the reference, from the block's first token [Z, 1, D]
+        before, after = torch.exp(L[:, a] - m), torch.exp(m - L[:, a])  # e^{L_i − m}, e^{m − L_j}
         for (M, X), dX in zip(pairs, dXs):
-            Md = M[:, lo:hi, lo:hi]
+            Md = M[:, lo:hi, lo:hi] * strict  # j < i: the pairs whose decay has a gradient
             dX[:, a] += before * (Md @ (Y[:, a] * after))
             dY[:, lo:hi] += after * (Md.transpose(-1, -2) @ (X[:, a] * before))
     dY = dY.view(Z, n, s, D)
-    if exact_diagonal:  # e^{L_i − L_j} pair by pair inside each sub-chunk
-        i = torch.arange(s, device=Y.device)
-        lower = (i[:, None] >= i[None, :])[None, None, :, :, None]
+    if exact_diagonal:  # e^{L_i − L_j} pair by pair inside each sub-chunk, j < i
         E = L.unsqueeze(3) - L.unsqueeze(2)  # L_i − L_j                            [Z, n, s, s, D]
-        E = torch.exp(torch.where(lower, E, torch.full_like(E, -torch.inf)))
+        E = torch.exp(torch.where(strict[None, None, :, :, None], E, torch.full_like(E, -torch.inf)))
         for (M, X), dX in zip(pairs, dXs):
             Md = torch.stack([M[:, a * s:(a + 1) * s, a * s:(a + 1) * s] for a in range(n)], 1)
             dX += torch.einsum("znij,znjd,znijd->znid", Md, Y, E)
             dY += torch.einsum("znij,znid,znijd->znjd", Md, X, E)
     dG = sum(X * dX for (_, X), dX in zip(pairs, dXs)) - Y * dY
+    for (M, X), dX in zip(pairs, dXs):  # the pairs i = j: decay 1, no share in dG
+        Mii = M.diagonal(dim1=-2, dim2=-1).reshape(Z, n, s, 1)
+        dX += Mii * Y
+        dY += Mii * X
     return dXs, dY, dG
 
 
