@@ -270,12 +270,11 @@ for name, r, m, lb in zip(["dq", "dk", "dv", "dbeta"], reference, mine, lib):
 #
 # $$
 # \begin{aligned}
-# \mathcal{T} &= X \operatorname{diag}(\beta), \quad X = A^{-1}, \quad
-#   A = I + A_{<}, \quad A_{<} = \operatorname{tril}(\operatorname{diag}(\beta) K K^\top, -1),
-#   \\
-#   W = \mathcal{T} K, \quad U = \mathcal{T} V, \\
-# U' &= U - W S, \qquad O = Q S + \Omega U', \quad \Omega = Q K^\top \odot M, \qquad
-#   S^{+} = S + K^\top U' ,
+# A &= I + A_{<}, \quad A_{<} = \operatorname{tril}(\operatorname{diag}(\beta) K K^\top, -1),
+#   \quad X = A^{-1}, \\
+# \mathcal{T} &= X \operatorname{diag}(\beta), \quad W = \mathcal{T} K, \quad U = \mathcal{T} V, \\
+# U' &= U - W S, \quad O = Q S + \Omega U', \quad \Omega = Q K^\top \odot M, \\
+# S^{+} &= S + K^\top U' ,
 # \end{aligned}
 # $$
 #
@@ -304,12 +303,10 @@ for name, r, m, lb in zip(["dq", "dk", "dv", "dbeta"], reference, mine, lib):
 #    $\delta X\, A + X\, \delta A_{<} = 0$, so $\delta X = -X\, \delta A_{<}\, X$. A loss
 #    changes by $\langle \mathrm{d}X, \delta X \rangle = \langle -X^\top \mathrm{d}X X^\top,
 #    \delta A_{<} \rangle$, and $A_{<}$ has entries only below the diagonal (the ones of $I$ are
-#    constants):
-#    $$
-#    G = \mathrm{d}A_{<} = \operatorname{tril}(-X^\top \mathrm{d}X\, X^\top, -1)
-#      = \operatorname{tril}(-X^\top \mathrm{d}\mathcal{T}\, \mathcal{T}^\top, -1),
-#    $$
-#    the second form because $\operatorname{diag}(\beta) X^\top = \mathcal{T}^\top$.
+#    constants), so its gradient is
+#    $G = \mathrm{d}A_{<} = \operatorname{tril}(-X^\top \mathrm{d}X\, X^\top, -1)
+#    = \operatorname{tril}(-X^\top \mathrm{d}\mathcal{T}\, \mathcal{T}^\top, -1)$, the second
+#    form because $\operatorname{diag}(\beta) X^\top = \mathcal{T}^\top$.
 # 7. **The key scores** $(A_{<})_{ij} = \beta_i (KK^\top)_{ij}$ for $j < i$: $\beta$'s second
 #    share, $\mathrm{d}\beta_i \mathrel{+}= \sum_j G_{ij} (KK^\top)_{ij}$, and
 #    $\mathrm{d}(KK^\top) = \operatorname{diag}(\beta)\, G$, which gives the keys' last share,
