@@ -779,8 +779,9 @@ ok = checks.run("backward.unit_lower_inverse", inverse_backward_solution)
 #   to below the unigram baseline, at a context that autograd's bytes would not fit into the
 #   same budget.
 #
-# **Next.** Chapter 20 carries the derivation through the gates: Gated DeltaNet's scalar decay
-# and KDA's per-channel one, whose gradient becomes a reverse cumulative sum.
+# **Next.** [Chapter 20](20_gated_backward.ipynb) carries the derivation through the gates:
+# Gated DeltaNet's scalar decay and KDA's per-channel one, whose gradient becomes a reverse
+# cumulative sum.
 
 # %%
 print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")
