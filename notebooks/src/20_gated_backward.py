@@ -332,9 +332,11 @@ for name, r, m in zip(NAMES, reference, mine):
 # factor overflows float32. Its backward needs, for a gradient $M = \mathrm{d}\Omega^{kk}$,
 #
 # $$
+# \begin{gathered}
 # \mathrm{d}x_{id} = \sum_j M_{ij}\, y_{jd}\, e^{G_{id} - G_{jd}}, \qquad
-# \mathrm{d}y_{jd} = \sum_i M_{ij}\, x_{id}\, e^{G_{id} - G_{jd}}, \qquad
+# \mathrm{d}y_{jd} = \sum_i M_{ij}\, x_{id}\, e^{G_{id} - G_{jd}}, \\
 # \mathrm{d}G_{id} \mathrel{+}= x_{id}\, \mathrm{d}x_{id} - y_{id}\, \mathrm{d}y_{id} ,
+# \end{gathered}
 # $$
 #
 # for the rows $x$ and the columns $y$ of the scores (keys and keys, or queries and keys). Off
