@@ -417,7 +417,7 @@ def oracles():
 
         from tinyk3.util import import_without_fla
 
-        transformers.logging.set_verbosity_error()  # no "falling back to PyTorch" notices
+        transformers.logging.set_verbosity_error()  # no "falling back" notices
         q3 = import_without_fla("transformers.models.qwen3_next.modeling_qwen3_next")
         kl = import_without_fla("transformers.models.kimi_linear.modeling_kimi_linear")
         found.append(("transformers torch_chunk_gated_delta_rule", "gated_delta_rule",
