@@ -123,10 +123,8 @@ unit-no-triton: env
 # Every notebook, small: papermill injects SMOKE=True, nbval runs it on a fresh kernel and
 # compares the outputs of cells tagged `nbval-check-output` with the stored full run.
 smoke: env
-	rm -rf _build/smoke && mkdir -p _build/smoke
-	for nb in $(NOTEBOOKS); do \
-	  $(BIN)/papermill --prepare-only -p SMOKE True $$nb _build/smoke/$$(basename $$nb) >/dev/null 2>&1; \
-	done
+	rm -rf _build/smoke
+	$(PY) tools/prepare_smoke.py _build/smoke $(NOTEBOOKS)
 	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile --nbval-lax --nbval-cell-timeout=600 _build/smoke
 
 # What a Colab reader gets: Colab's pre-installed packages at Colab's versions, the wheel
