@@ -122,8 +122,8 @@ def cotangents(B, H, T, Dk, Dv, seed, dtype=F64):
 # ## What autograd keeps
 #
 # In the forward pass, every operation whose backward will need something hands it to autograd
-# (a matrix product $AB$ needs $A$ to form $\partial L/\partial B$, and $B$ for
-# $\partial L/\partial A$). Autograd keeps those tensors until the backward pass has used them.
+# (a matrix product $AB$ needs $A$ to form $\partial \mathcal{L}/\partial B$, and $B$ for
+# $\partial \mathcal{L}/\partial A$). Autograd keeps those tensors until the backward pass has used them.
 # `tinyk3.grad_memory.saved_bytes` runs a function under PyTorch's saved-tensor hooks and adds
 # up what is kept: each storage is counted once, and the inputs' own storages are left out,
 # because the caller holds them anyway.
@@ -150,7 +150,8 @@ for T in MEM_TS:
 # is kept is what the backward formulas of chapter 8's operations read: the matrix the UT
 # transform inverts and its result, the WY factors $W$ and $U$, the scores, the deltas $U'$ and
 # the chunk states, which the state pass's products save one chunk at a time (hence the
-# hundreds of tensors at long $T$) and the output's product saves again, stacked.
+# hundreds to over a thousand tensors at long $T$) and the output's product saves again,
+# stacked.
 #
 # Now take a model's worth. Kimi Linear 48B has linear layers of 32 heads of 128 channels (its
 # configuration is in the library). If each head kept what autograd keeps here per token (KDA
@@ -171,7 +172,7 @@ print(f"{len(linear)} linear layers x {heads} heads of {head_dim}: "
 
 # %% [markdown]
 # That is memory for the mixers' internals alone, before any activation of the projections,
-# the MLPs or the attention layers. It is the memory this chapter removes.
+# the MLPs or the attention layers. It is the memory this chapter cuts down.
 #
 # ## The token loop's backward
 #
@@ -452,7 +453,7 @@ tinyk3.notebook.show_source(chunks.with_derived_backward)
 #
 # First, float64 against autograd through the token loop, at shapes chosen to be awkward: $T$
 # not a multiple of $C$, $D_k \ne D_v$, several heads, with and without an initial state and a
-# gradient on the final state. Each line is the largest difference over the five gradients (and
+# gradient on the final state. Each line is the largest difference over the four gradients (and
 # the initial state's, when there is one) of `chunked` differentiated through the derived
 # backward:
 
@@ -488,7 +489,7 @@ assert worst_f64 < 1e-10
 # %% [markdown]
 # Then float32 at $T =$ `T_LONG` tokens, against the same computation in float64. For scale,
 # the same comparison is made for autograd through the float32 chunked form: the derived
-# backward should round no worse than autograd does. The numbers are relative Frobenius
+# backward should round about as well as autograd does. The numbers are relative Frobenius
 # distances, and the stated bound is $10^{-5}$:
 
 # %%
@@ -546,7 +547,7 @@ for r in derived_rows:
           f"autograd's bytes and runs {r['speedup']:.2f} x as fast")
 print(bench.stamp())
 
-# %% mystnb={"figure": {"caption": "Left: the bytes kept between the forward and the backward pass of the chunked delta rule, one head of 64 channels at C = 64 in float32, against the sequence length, for autograd through the PyTorch forward and for the derived backward, with the inputs' own size for scale. Right: the time of forward plus backward on one CPU thread, for both.", "name": "fig-backward-bytes-and-time"}, "image": {"alt": "Two log-log line plots against sequence length from about one thousand to thirty-two thousand tokens. Left, megabytes kept: both lines are straight with slope one; autograd's lies highest, a few times above a dashed line for the inputs, and the derived backward's lies lowest, below the inputs. Right, seconds for forward plus backward: at a thousand tokens the two are close, with the derived backward's slightly lower; autograd's line bends upward from about ten thousand tokens on, while the derived backward's stays nearly straight, ending several times lower."}}
+# %% mystnb={"figure": {"caption": "Left: the bytes kept between the forward and the backward pass of the chunked delta rule, one head of 64 channels at C = 64 in float32, against the sequence length, for autograd through the PyTorch forward and for the derived backward, with the inputs' own size for scale. Right: the time of forward plus backward on one CPU thread, for both.", "name": "fig-backward-bytes-and-time"}, "image": {"alt": "Two log-log line plots against sequence length from about one thousand to thirty-two thousand tokens. Left, megabytes kept: both lines are straight with slope one; autograd's lies highest, a few times above a dashed line for the inputs, and the derived backward's lies lowest, below the inputs. Right, seconds for forward plus backward: the derived backward's line lies below autograd's at every length; autograd's bends upward from about ten thousand tokens on and ends several times higher, while the derived backward's rises less steeply."}}
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(6.8, 2.9))
 for form, style in (("autograd", "o-"), ("derived", "s-")):
     rs = [r for r in rows if r["form"] == form]
@@ -569,11 +570,11 @@ plt.show()
 #
 # The time is measured, not assumed. The derived backward does more arithmetic: it recomputes
 # each chunk's UT transform, WY factors and scores. It also skips the allocation and the
-# bookkeeping of every intermediate autograd keeps, and at short $T$ the two roughly balance
-# (the table's first rows). From about 8,192 tokens on, autograd's time grows faster than the
-# sequence, while the derived backward's stays in proportion to it. A likely cause is memory
-# traffic: autograd's kept tensors, tens of MiB, are far larger than the processor's caches,
-# while the derived backward works on one chunk's recomputed intermediates at a time.
+# bookkeeping of every intermediate autograd keeps, and at short $T$ it is already somewhat
+# faster (the table's first rows). From about 8,192 tokens on, autograd's time grows faster
+# than the sequence, and the derived backward's more slowly than autograd's. A likely cause is
+# memory traffic: autograd's kept tensors, tens of MiB, are far larger than the processor's
+# caches, while the derived backward works on one chunk's recomputed intermediates at a time.
 #
 # ### Training at a context autograd could not fit
 #
@@ -669,10 +670,10 @@ print(f"{TRAIN_STEPS} steps at T = {T_TRAIN:,} in {seconds:.0f} s; validation lo
 #
 # Write `token_step_backward(q_t, k_t, v_t, beta_t, S_prev, dS, do_t)`: one step of the delta
 # rule's backward pass, for a batch of heads. The forward step is $u_t = \beta_t (v_t - k_t
-# S_{t-1})$, $S_t = S_{t-1} + k_t^\top u_t$, $o_t = q_t S_t$. `dS` is $\partial L / \partial S_t$
-# through the later tokens only ($o_t$'s share not yet added), `do_t` is $\partial L / \partial
-# o_t$. Return `(dq_t, dk_t, dv_t, dbeta_t, dS_prev)`, the last being $\partial L / \partial
-# S_{t-1}$. Shapes: `q_t`, `k_t` `[B, H, Dk]`; `v_t`, `do_t` `[B, H, Dv]`; `beta_t` `[B, H]`;
+# S_{t-1})$, $S_t = S_{t-1} + k_t^\top u_t$, $o_t = q_t S_t$. `dS` is $\partial \mathcal{L} /
+# \partial S_t$ through the later tokens only ($o_t$'s share not yet added), `do_t` is
+# $\partial \mathcal{L} / \partial o_t$. Return `(dq_t, dk_t, dv_t, dbeta_t, dS_prev)`, the
+# last being $\partial \mathcal{L} / \partial S_{t-1}$. Shapes: `q_t`, `k_t` `[B, H, Dk]`; `v_t`, `do_t` `[B, H, Dv]`; `beta_t` `[B, H]`;
 # `S_prev`, `dS` `[B, H, Dk, Dv]`; the inputs' dtype.
 # ```
 
@@ -775,7 +776,7 @@ ok = checks.run("backward.unit_lower_inverse", inverse_backward_solution)
 #   `backward="autograd"` and `chunks.backward_mode` keep the old way for comparison.
 # - Measured here: the bytes kept fall to a fixed fraction of autograd's at every length (the
 #   boundary states, one input's worth), and forward plus backward runs faster than through
-#   autograd at every length measured, by more as $T$ grows. A small DeltaNet model trains,
+#   autograd at every length measured, by far more at long $T$. A small DeltaNet model trains,
 #   to below the unigram baseline, at a context that autograd's bytes would not fit into the
 #   same budget.
 #
