@@ -487,7 +487,7 @@ for rule in ("gated_delta_rule", "kda"):
 
 # %% [markdown]
 # Every gradient of the derived backward is within $10^{-5}$ (the stated bound). Autograd's
-# gate gradient for Gated DeltaNet has an error a hundred times the others', and the suspect is
+# gate gradient for Gated DeltaNet has an error over a hundred times the others', and the suspect is
 # the **diagonal of the decay mask**. $\Gamma_{ii} = e^{G_i - G_i} = 1$ whatever the gates, so
 # the pairs $i = j$ contribute nothing to $\mathrm{d}G$. But written as a row term and a column
 # term, $\sum_j Z_{ij} - \sum_j Z_{ji}$, each diagonal entry $Z_{ii}$ enters twice with opposite
@@ -766,7 +766,7 @@ ok = checks.run("backward.gated_token_step", gated_token_step_backward_solution)
 #   that no factor exceeds $e^{40}$ and none depends on a later gate.
 # - The diagonal pairs of the decay mask have no gradient. Left in, their two cancelling shares
 #   leave rounding, which made the error of Gated DeltaNet's float32 gate gradient through
-#   autograd about a hundred times the other gradients' at the lower-bound gate. Left out, the
+#   autograd over a hundred times the other gradients' at the lower-bound gate. Left out, the
 #   derived backward is within $10^{-5}$ for every gradient, and exactly zero where it must be.
 # - Both rules' derived backward equals autograd through the token loops in float64, and
 #   autograd through fla's and transformers' reference code in float32. It keeps one state per
