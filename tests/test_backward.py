@@ -207,3 +207,23 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="chunk_size"):
         kda.chunked_backward(*inputs("kda", 1, 1, 4, 2, 2, seed=0)[0], dO[:1, :1, :4, :2],
                              chunk_size=0)
+
+
+def test_the_chapters_loss_helpers():
+    """grad_memory.cotangents and autograd_grads (the loss chapters 19 and 20 differentiate)
+    against the derived backward; step_bytes of a small language model, both backward passes."""
+    from tinyk3 import layers, models
+    from tinyk3.grad_memory import autograd_grads as grads_of
+    from tinyk3.grad_memory import cotangents, step_bytes
+
+    args, _, _, _ = inputs("kda", 1, 2, 20, 4, 3, seed=8)
+    dO, dS = cotangents(1, 2, 20, 4, 3, seed=9)
+    assert dO.shape == (1, 2, 20, 3) and dS.shape == (1, 2, 4, 3) and dO.dtype == torch.float64
+    got = kda.chunked_backward(*args, dO, dS, chunk_size=8)
+    for a, b in zip(got, grads_of(kda.recurrent, args, dO, dS)):
+        assert dist(a, b) < F64
+    mixer = layers.DeltaNetConfig(n_head=2, form="chunked", chunk_size=16)
+    model = models.LM(models.LMConfig(vocab_size=32, block_size=64, n_embd=16,
+                                      pattern=("d",), mixers={"d": mixer}, pos_emb=False))
+    kept = {m: step_bytes(model, 64, m) for m in ("autograd", "derived")}
+    assert 0 < kept["derived"] < kept["autograd"]

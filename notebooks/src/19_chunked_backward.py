@@ -82,7 +82,7 @@ import torch
 import torch.nn.functional as F
 
 from tinyk3 import bench, checks, data, layers, models, train
-from tinyk3.grad_memory import saved_bytes
+from tinyk3.grad_memory import autograd_grads, cotangents, saved_bytes, step_bytes
 from tinyk3.ops import chunks, delta_rule
 from tinyk3.util import max_diff
 
@@ -107,15 +107,6 @@ def unit_inputs(B, H, T, Dk, Dv, seed, dtype=F64):
     v = torch.randn(B, H, T, Dv, generator=g, dtype=dtype)
     beta = torch.rand(B, H, T, generator=g, dtype=dtype)
     return q, k, v, beta
-
-
-def cotangents(B, H, T, Dk, Dv, seed, dtype=F64):
-    """A fixed gradient of the loss with respect to the outputs and the final state: the
-    loss L = ⟨o, dO⟩ + ⟨S_T, dS⟩ has exactly these as its gradients."""
-    g = torch.Generator().manual_seed(seed)
-    dO = torch.randn(B, H, T, Dv, generator=g, dtype=dtype)
-    dS = torch.randn(B, H, Dk, Dv, generator=g, dtype=dtype)
-    return dO, dS
 
 
 # %% [markdown]
@@ -242,16 +233,11 @@ def loop_backward(q, k, v, beta, do, dS_T):
 # The check is autograd itself, through the library's token loop
 # `tinyk3.ops.delta_rule.recurrent`, in float64. The loss $\mathcal{L} = \langle O, \mathrm{d}O
 # \rangle + \langle S_T, \mathrm{d}S_T \rangle$ has exactly the chosen $\mathrm{d}O$ and $\mathrm{d}S_T$
-# as its gradients with respect to the outputs and the final state:
+# as its gradients with respect to the outputs and the final state (`tinyk3.grad_memory`
+# holds the loss's two helpers, `cotangents` draws $\mathrm{d}O$ and $\mathrm{d}S_T$,
+# `autograd_grads` differentiates it through any rule):
 
 # %%
-def autograd_grads(fn, inputs, dO, dS, **kwargs):
-    """Autograd's gradient of ⟨o, dO⟩ + ⟨S_T, dS⟩ through fn, for each input."""
-    leaves = [x.detach().clone().requires_grad_() for x in inputs]
-    o, S = fn(*leaves, **kwargs)
-    return torch.autograd.grad((o * dO).sum() + (S * dS).sum(), leaves)
-
-
 q, k, v, beta = unit_inputs(1, 1, 40, 8, 6, seed=1)
 dO, dS = cotangents(1, 1, 40, 8, 6, seed=2)
 reference = autograd_grads(delta_rule.recurrent, (q, k, v, beta), dO, dS)
@@ -591,18 +577,6 @@ def small_deltanet(T):
                           pattern=("delta", "delta"), mixers={"delta": mixer},
                           pos_emb=False)
     return models.LM(cfg)
-
-
-def step_bytes(model, T, mode):
-    """What one training step on a window of T tokens keeps for its backward pass."""
-    x = torch.randint(0, data.VOCAB_SIZE, (1, T + 1))
-
-    def loss(idx):
-        logits = model(idx[:, :-1])
-        return F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten())
-
-    with chunks.backward_mode(mode):
-        return saved_bytes(loss, x).bytes
 
 
 torch.manual_seed(0)

@@ -77,8 +77,8 @@ import torch
 import torch.nn.functional as F
 
 from tinyk3 import bench, checks, data, layers, models, train
-from tinyk3.grad_memory import saved_bytes
-from tinyk3.ops import chunks, delta_rule, kda
+from tinyk3.grad_memory import autograd_grads, cotangents, step_bytes
+from tinyk3.ops import delta_rule, kda
 from tinyk3.ops import gated_delta_rule as gdr
 from tinyk3.util import max_diff
 
@@ -104,20 +104,6 @@ def gated_inputs(B, H, T, Dk, Dv, seed, *, per_channel=False, low=-1.0, dtype=F6
     shape = (B, H, T, Dk) if per_channel else (B, H, T)
     g = low * torch.rand(*shape, generator=gen, dtype=dtype)
     return q, k, v, beta, g
-
-
-def cotangents(B, H, T, Dk, Dv, seed, dtype=F64):
-    """dO and dS: the gradients of ⟨o, dO⟩ + ⟨S_T, dS⟩, the loss of chapter 19."""
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, T, Dv, generator=gen, dtype=dtype),
-            torch.randn(B, H, Dk, Dv, generator=gen, dtype=dtype))
-
-
-def autograd_grads(fn, inputs, dO, dS, **kwargs):
-    """Autograd's gradient of ⟨o, dO⟩ + ⟨S_T, dS⟩ through fn, for each input."""
-    leaves = [x.detach().clone().requires_grad_() for x in inputs]
-    o, S = fn(*leaves, **kwargs)
-    return torch.autograd.grad((o * dO).sum() + (S * dS).sum(), leaves)
 
 
 NAMES = ["dq", "dk", "dv", "dbeta", "dg"]
@@ -612,17 +598,6 @@ def tiny_kimi_linear(T):
                           mlp=layers.SwiGLUConfig(hidden=128), pos_emb=False,
                           norm="rmsnorm", tie_embeddings=False)
     return models.LM(cfg)
-
-
-def step_bytes(model, T, mode):
-    x = torch.randint(0, data.VOCAB_SIZE, (1, T + 1))
-
-    def loss(idx):
-        logits = model(idx[:, :-1])
-        return F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten())
-
-    with chunks.backward_mode(mode):
-        return saved_bytes(loss, x).bytes
 
 
 torch.manual_seed(0)
