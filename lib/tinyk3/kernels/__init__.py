@@ -5,6 +5,9 @@
 * :mod:`tinyk3.kernels.kda` - ``chunked``: chunkwise Kimi Delta Attention (chapter 11)
 * :mod:`tinyk3.kernels.gated` - the gated forms of chapter 9's three stages that both share
   (one constexpr ``GATE``: a gate per head or per key channel)
+* :mod:`tinyk3.kernels.backward` - the backward pass of all three as Triton kernels (chapter 21;
+  one constexpr ``GATE``: 0 the delta rule, 1 Gated DeltaNet, 2 KDA), launched by each
+  ``chunked``'s autograd backward
 * :mod:`tinyk3.kernels.runtime` - what every kernel module shares: the availability probe, the
   per-call choice between compiled and interpreted, jitting (``KernelSet``), launch and input
   checks, compiling for a named GPU without one, ptxas reports
@@ -36,6 +39,6 @@ from .runtime import (  # noqa: F401
 )
 
 __all__ = ["AVAILABLE", "REASON", "TRITON_VERSION", "MIN_TRITON", "TritonUnavailableError",
-           "require_triton", "runtime", "delta_rule", "gated", "gated_delta_rule", "kda"]
+           "require_triton", "runtime", "delta_rule", "gated", "gated_delta_rule", "kda", "backward"]
 
-from . import delta_rule, gated, gated_delta_rule, kda, runtime  # noqa: E402
+from . import backward, delta_rule, gated, gated_delta_rule, kda, runtime  # noqa: E402

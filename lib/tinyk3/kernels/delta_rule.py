@@ -83,7 +83,6 @@ from __future__ import annotations
 import torch
 
 from .._validate import check_beta, check_qkv, check_state
-from ..ops import delta_rule as _ops_delta_rule
 from . import runtime
 from .runtime import AVAILABLE, KernelSet, require_triton, tile_size, to_operand  # noqa: F401
 
@@ -431,35 +430,32 @@ def _forward(q, k, v, beta, initial_state, chunk_size, input_precision, fuse_out
 
 
 class _ChunkedFunction(torch.autograd.Function):
-    """Forward: the Triton stages. Backward: recompute with the PyTorch chunked form under
-    autograd (:func:`tinyk3.ops.delta_rule.chunked`) and differentiate that. Correct and simple,
-    but the gradients are then the PyTorch form's by construction: comparing them with
-    ``ops.delta_rule.chunked``'s gradients checks nothing about the kernels. A production backward
-    is its own set of kernels (fla's ``chunk_delta_rule_bwd``)."""
+    """Forward: the Triton stages, keeping the inputs and the chunk-boundary states ``S_[c]``
+    (with ``fuse_output`` none are stored: the backward recomputes them). Backward: the
+    backward kernels of :mod:`tinyk3.kernels.backward` with ``GATE = 0`` (chapter 21)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, initial_state, chunk_size, input_precision, fuse_output,
                 operands):
-        ctx.save_for_backward(q, k, v, beta, initial_state)
-        ctx.chunk_size = chunk_size
-        return _forward(q, k, v, beta, initial_state, chunk_size, input_precision, fuse_output,
-                        operands)
+        stages = _forward(q, k, v, beta, initial_state, chunk_size, input_precision, fuse_output,
+                          operands, return_stages=True)
+        ctx.save_for_backward(q, k, v, beta, initial_state, stages.get("states"))
+        ctx.mode = (chunk_size, input_precision, operands)
+        return stages["o"], stages["S"]
 
     @staticmethod
     def backward(ctx, do, dS):
-        q, k, v, beta, initial_state = ctx.saved_tensors
-        needs = ctx.needs_input_grad[:5]
-        inputs = [t.detach().requires_grad_(n) if t is not None else None
-                  for t, n in zip((q, k, v, beta, initial_state), needs)]
-        wrt = [t for t, n in zip(inputs, needs) if n and t is not None]
-        grads = [None] * 5
-        if wrt:
-            with torch.enable_grad():
-                o, S = _ops_delta_rule.chunked(*inputs[:4], chunk_size=ctx.chunk_size,
-                                               initial_state=inputs[4])
-                got = iter(torch.autograd.grad((o, S), wrt, (do, dS), allow_unused=True))
-            grads = [next(got) if n and t is not None else None for t, n in zip(inputs, needs)]
-        return (*grads, None, None, None, None)
+        from . import backward as _backward
+
+        q, k, v, beta, initial_state, states = ctx.saved_tensors
+        C, precision, operands = ctx.mode
+        dq, dk, dv, db, _, dS0 = _backward.backward(
+            q, k, v, beta, None, do, dS, gate=0, chunk_size=C, initial_state=initial_state,
+            states=states, input_precision=precision, operands=operands)
+        like = (q, k, v, beta, initial_state)
+        return (*(d.to(t.dtype) if n and t is not None else None
+                  for d, t, n in zip((dq, dk, dv, db, dS0), like, ctx.needs_input_grad)),
+                None, None, None, None)
 
 
 def chunked(

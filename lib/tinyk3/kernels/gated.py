@@ -69,8 +69,8 @@ function for all three rules; :func:`launch_config` here calls it and shrinks th
 ptxas reported spills for the gated stages. The compile record
 ``benchmarks/2026-12-02-ptxas-gated/`` has the registers and spills of every gated stage.
 
-Autograd: :class:`_ChunkedFunction` recomputes with the PyTorch op under autograd, so the
-gradients are the op's by construction (checking them against the op checks the wiring only).
+Autograd: :class:`_ChunkedFunction` keeps the inputs and the chunk-boundary states and runs
+the backward as Triton kernels (:mod:`tinyk3.kernels.backward`, chapter 21).
 """
 
 from __future__ import annotations
@@ -79,7 +79,6 @@ import torch
 
 from .._validate import check_beta, check_gate, check_qkv, check_state
 from ..gates import LOWER_BOUND
-from ..ops import gated_delta_rule as _ops_gdn
 from ..ops import kda as _ops_kda
 from . import runtime
 from .delta_rule import CHUNK_SIZES, INPUT_PRECISIONS, MAX_HEAD_DIM, OPERANDS
@@ -101,7 +100,6 @@ SUB_CHUNK = _ops_kda.SUB_CHUNK  # 16: KDA's sub-chunks (divides every allowed ch
 EXP_LIMIT = _ops_kda.EXP_LIMIT  # 80: the most negative sub-chunk gate sum the kernels accept
 # LOWER_BOUND (−5, tinyk3.gates): gates ≥ −5 per step can never pass EXP_LIMIT over 16 tokens
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_OPS = {1: _ops_gdn, 2: _ops_kda}
 _NAMES = {1: "gated_delta_rule", 2: "kda"}
 
 KERNELS = KernelSet("tinyk3.kernels.gated")
@@ -164,6 +162,27 @@ def _channel_gates(b_g, BC: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr):
     return b_R + b_L, b_L, b_R
 
 
+@KERNELS.helper
+def _decayed_scores(b_x, b_k, b_Ls, b_R, BC: tl.constexpr, BS: tl.constexpr,
+                    PRECISION: tl.constexpr, BF16: tl.constexpr, EMULATE: tl.constexpr):
+    """KDA's decayed scores over one block of channels, ``[C, C]`` float32:
+    ``Σ_d x_id k_jd exp(G_id − G_jd)`` for ``j`` in the sub-chunks up to ``i``'s own (``b ≤ a``;
+    zero for ``b > a``, and the caller masks inside the diagonal blocks). ``b_x, b_k, b_Ls, b_R``
+    ``[C, BK]`` (``L`` and ``R`` from :func:`_channel_gates`). One ``tl.dot`` per reference point
+    ``r_a``: the rows of sub-chunk ``a`` times ``exp(L_i)`` (in ``[e^{−80}, 1]``), every column
+    ``j`` of the sub-chunks ``b ≤ a`` times ``exp(r_a − r_b − L_j)``, the rows of the other
+    sub-chunks zeroed. Stages 1 and 3 (``x = k``, ``x = q``) and the backward's ``Ωᵀ dO``."""
+    o_i = tl.arange(0, BC)
+    o_a = o_i // BS  # sub-chunk of each position
+    b_s = tl.full([BC, BC], 0.0, tl.float32)
+    for a in tl.static_range(BC // BS):  # one reference point r_a at a time
+        b_ra = tl.reduce(tl.where(o_i[:, None] == a * BS, b_R, 0.0), 0, tl.standard._sum_combine)
+        b_xr = to_operand(tl.where(o_a[:, None] == a, b_x * tl.exp(b_Ls), 0.0), BF16, EMULATE)
+        b_kc = b_k * tl.exp(tl.where(o_a[:, None] <= a, b_ra[None, :] - b_R - b_Ls, float("-inf")))
+        b_s += tl.dot(b_xr, tl.trans(to_operand(b_kc, BF16, EMULATE)), input_precision=PRECISION)
+    return b_s
+
+
 # ---------------------------------------------------------------------------------------------
 # Stage 1: WY factors of every chunk (parallel over chunks and heads)
 # ---------------------------------------------------------------------------------------------
@@ -172,6 +191,7 @@ def _channel_gates(b_g, BC: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr):
 def _wy_kernel(
     k, v, beta, g,  # inputs: k [BH, T, Dk], v [BH, T, Dv], beta [BH, T], g [BH, T] or [BH, T, Dk]
     w, u,  # outputs: W [BH, T, Dk], U [BH, T, Dv] (float32, or bfloat16 in the bf16 mode)
+    x,  # output if STORE_X: X = (I + L)⁻¹ [BH, T, C] (float32), for the backward (chapter 21)
     T, Dk, Dv,
     BC: tl.constexpr,  # chunk size C (16, 32, 64)
     BK: tl.constexpr,  # block of Dk columns loaded at a time
@@ -181,6 +201,7 @@ def _wy_kernel(
     PRECISION: tl.constexpr,  # tl.dot input_precision of float32 operands: "ieee", "tf32", "tf32x3"
     BF16: tl.constexpr,  # bfloat16 operands, float32 accumulation (fla's mode)
     EMULATE: tl.constexpr,  # interpreter: bfloat16 emulated by rounding float32 (runtime.to_operand)
+    STORE_X: tl.constexpr = False,  # also write X (the backward's recomputation)
 ):
     # -- which chunk: program (i_c, i_bh) owns tokens i_c·C … i_c·C + C − 1 of head i_bh ----------
     i_c = tl.program_id(0)
@@ -189,7 +210,6 @@ def _wy_kernel(
     o_t = i_c * BC + o_i  # token index t
     m_t = o_t < T  # the last chunk may be partial: rows with t ≥ T are padding
     b_beta = tl.load(beta + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32)  # β   [C]
-    o_a = o_i // BS  # sub-chunk of each position (KDA)
     if GATE == 1:  # G_i = Σ_{s ≤ i} g_s inside the chunk (padding: g = 0)                 [C]
         b_G = tl.associative_scan(tl.load(g + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32), 0,
                                   tl.standard._sum_combine)
@@ -205,11 +225,7 @@ def _wy_kernel(
             p_g = g + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :]
             b_Gc, b_Ls, b_R = _channel_gates(tl.load(p_g, mask=m_t[:, None] & m_k[None, :],
                                                      other=0.0).to(tl.float32), BC, BK, BS)
-            for a in tl.static_range(BC // BS):  # one reference point r_a at a time
-                b_ra = tl.reduce(tl.where(o_i[:, None] == a * BS, b_R, 0.0), 0, tl.standard._sum_combine)
-                b_kr = to_operand(tl.where(o_a[:, None] == a, b_k * tl.exp(b_Ls), 0.0), BF16, EMULATE)
-                b_kc = b_k * tl.exp(tl.where(o_a[:, None] <= a, b_ra[None, :] - b_R - b_Ls, float("-inf")))
-                b_L += tl.dot(b_kr, tl.trans(to_operand(b_kc, BF16, EMULATE)), input_precision=PRECISION)
+            b_L += _decayed_scores(b_k, b_k, b_Ls, b_R, BC, BS, PRECISION, BF16, EMULATE)
         else:
             b_k = to_operand(b_k, BF16, EMULATE)
             b_L += tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
@@ -230,8 +246,11 @@ def _wy_kernel(
         b_a = tl.reduce(tl.where(o_i[:, None] == i, b_N, 0.0), 0, tl.standard._sum_combine)  # −L_i [C]
         b_a = b_a + tl.reduce(b_a[:, None] * b_N, 0, tl.standard._sum_combine)  # −L_i − Σ_j L_ij N_j
         b_N = tl.where(o_i[:, None] == i, b_a[None, :], b_N)  # write row i back
-    # 𝒯 = (I + N) diag(β): scale column j by β_j (float32; rounded once for the products below)
-    b_UT = (b_N + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)) * b_beta[None, :]  # [C, C]
+    b_X = b_N + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)  # X = (I + L)⁻¹ = I + N
+    if STORE_X:
+        tl.store(x + i_bh * T * BC + o_t[:, None] * BC + o_i[None, :], b_X, mask=m_t[:, None])
+    # 𝒯 = X diag(β): scale column j by β_j (float32; rounded once for the products below)
+    b_UT = b_X * b_beta[None, :]  # [C, C]
     b_UT = to_operand(b_UT, BF16, EMULATE)
 
     # -- W = 𝒯 (K ⊙ γ)  (block by block over Dk; K is reloaded rather than kept in registers) -----
@@ -370,7 +389,6 @@ def _output_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < Dv
     m_tv = m_t[:, None] & m_v[None, :]
-    o_a = o_i // BS
     if GATE == 1:
         b_G = tl.associative_scan(tl.load(g + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32), 0,
                                   tl.standard._sum_combine)
@@ -393,11 +411,7 @@ def _output_kernel(
             p_g = g + i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :]
             b_Gc, b_Ls, b_R = _channel_gates(tl.load(p_g, mask=m_tk, other=0.0).to(tl.float32),
                                              BC, BK, BS)
-            for a in tl.static_range(BC // BS):
-                b_ra = tl.reduce(tl.where(o_i[:, None] == a * BS, b_R, 0.0), 0, tl.standard._sum_combine)
-                b_qr = to_operand(tl.where(o_a[:, None] == a, b_q * tl.exp(b_Ls), 0.0), BF16, EMULATE)
-                b_kc = b_k * tl.exp(tl.where(o_a[:, None] <= a, b_ra[None, :] - b_R - b_Ls, float("-inf")))
-                b_sc += tl.dot(b_qr, tl.trans(to_operand(b_kc, BF16, EMULATE)), input_precision=PRECISION)
+            b_sc += _decayed_scores(b_q, b_k, b_Ls, b_R, BC, BS, PRECISION, BF16, EMULATE)
             b_q = to_operand(b_q * tl.exp(b_Gc), BF16, EMULATE)  # Q ⊙ Γ for the inter-chunk term
         else:
             b_q = to_operand(b_q, BF16, EMULATE)
@@ -501,7 +515,7 @@ def _forward(q, k, v, beta, g, initial_state, chunk_size, input_precision, opera
     # stage 1: W, U for every chunk of every head (grid: chunks × heads)
     w = torch.empty(B, H, T, Dk, dtype=mid, device=dev)
     u = torch.empty(B, H, T, Dv, dtype=mid, device=dev)
-    kern._wy_kernel[(NT, BH)](k, v, beta, g, w, u, T, Dk, Dv, BS=SUB_CHUNK, **mode, **c1)
+    kern._wy_kernel[(NT, BH)](k, v, beta, g, w, u, w, T, Dk, Dv, BS=SUB_CHUNK, **mode, **c1)
 
     # stage 2: the state pass (grid: Dv blocks × heads), from S_0 to S_T
     states = torch.empty(B, H, NT, Dk, Dv, dtype=mid, device=dev)
@@ -522,32 +536,30 @@ def _forward(q, k, v, beta, g, initial_state, chunk_size, input_precision, opera
 
 
 class _ChunkedFunction(torch.autograd.Function):
-    """Forward: the Triton stages. Backward: recompute with the PyTorch op under autograd
-    (:func:`tinyk3.ops.gated_delta_rule.chunked` or :func:`tinyk3.ops.kda.chunked`) and
-    differentiate that: the gradients are the op's by construction, so comparing them with the
-    op's checks the wiring, not the kernels. (fla's backward is its own set of kernels.)"""
+    """Forward: the Triton stages, keeping the inputs and the chunk-boundary states ``S_[c]``.
+    Backward: the backward kernels (:func:`tinyk3.kernels.backward.backward`, chapter 21),
+    which recompute ``W``, ``U`` and ``X`` from the inputs and ``U'`` from the kept states."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, initial_state, chunk_size, input_precision, operands, gate):
-        ctx.save_for_backward(q, k, v, beta, g, initial_state)
-        ctx.chunk_size, ctx.gate = chunk_size, gate
-        return _forward(q, k, v, beta, g, initial_state, chunk_size, input_precision, operands, gate)
+        stages = _forward(q, k, v, beta, g, initial_state, chunk_size, input_precision, operands,
+                          gate, return_stages=True)
+        ctx.save_for_backward(q, k, v, beta, g, initial_state, stages.get("states"))
+        ctx.mode = (chunk_size, input_precision, operands, gate)
+        return stages["o"], stages["S"]
 
     @staticmethod
     def backward(ctx, do, dS):
-        saved = ctx.saved_tensors
-        needs = ctx.needs_input_grad[:6]
-        inputs = [t.detach().requires_grad_(n) if t is not None else None
-                  for t, n in zip(saved, needs)]
-        wrt = [t for t, n in zip(inputs, needs) if n and t is not None]
-        grads = [None] * 6
-        if wrt:
-            with torch.enable_grad():
-                o, S = _OPS[ctx.gate].chunked(*inputs[:5], chunk_size=ctx.chunk_size,
-                                              initial_state=inputs[5])
-                got = iter(torch.autograd.grad((o, S), wrt, (do, dS), allow_unused=True))
-            grads = [next(got) if n and t is not None else None for t, n in zip(inputs, needs)]
-        return (*grads, None, None, None, None)
+        from . import backward as _backward  # (imports this module)
+
+        q, k, v, beta, g, initial_state, states = ctx.saved_tensors
+        C, precision, operands, gate = ctx.mode
+        grads = _backward.backward(q, k, v, beta, g, do, dS, gate=gate, chunk_size=C,
+                                   initial_state=initial_state, states=states,
+                                   input_precision=precision, operands=operands)
+        like = (q, k, v, beta, g, initial_state)
+        return (*(d.to(t.dtype) if n and t is not None else None
+                  for d, t, n in zip(grads, like, ctx.needs_input_grad)), None, None, None, None)
 
 
 def chunked(q, k, v, beta, g, *, gate, chunk_size=64, initial_state=None, input_precision=None,
@@ -598,8 +610,8 @@ def compile_for_gpu(gate: int, arch: int = 90, *, chunk_size: int = 64, Dk: int 
     mode = {"BC": chunk_size, "GATE": gate, "PRECISION": input_precision, "BF16": bf16,
             "EMULATE": False}
     specs = {
-        "_wy_kernel": (dict(k=x, v=x, beta=x, g=x, w=m, u=m, T="i32", Dk="i32", Dv="i32"),
-                       dict(mode, BS=SUB_CHUNK), cfg["wy"]),
+        "_wy_kernel": (dict(k=x, v=x, beta=x, g=x, w=m, u=m, x=m, T="i32", Dk="i32", Dv="i32"),
+                       dict(mode, BS=SUB_CHUNK, STORE_X=False), cfg["wy"]),
         "_state_kernel": (dict(k=x, g=x, w=m, u=m, s0=f32, states=m, u_new=m, s_out=f32,
                                T="i32", Dk="i32", Dv="i32", NT="i32"),
                           dict(mode, HAS_S0=has_initial_state), cfg["state"]),

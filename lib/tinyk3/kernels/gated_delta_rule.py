@@ -44,8 +44,8 @@ def chunked(
     ``"bfloat16"`` (bf16 tiles into every ``tl.dot``, float32 accumulation, intermediates stored
     in bf16, as fla does); ``None``: ``"bfloat16"`` for bfloat16 inputs, else ``"float32"``.
     ``input_precision`` (float32 operands): ``"ieee"``, ``"tf32"``, ``"tf32x3"``; ``None``: ``"ieee"``
-    for float32 inputs, ``"tf32"`` otherwise. Differentiable: the backward recomputes with
-    :func:`tinyk3.ops.gated_delta_rule.chunked`, so the gradients are that op's by construction.
+    for float32 inputs, ``"tf32"`` otherwise. Differentiable: the backward runs as Triton kernels
+    (:mod:`tinyk3.kernels.backward`, chapter 21).
     Raises :class:`tinyk3.kernels.TritonUnavailableError` if Triton is not installed.
     """
     return gated.chunked(q, k, v, beta, g, gate=GATE, chunk_size=chunk_size,

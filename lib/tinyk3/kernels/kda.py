@@ -42,8 +42,8 @@ def chunked(
 
     Returns ``(o [B, H, T, Dv] in the inputs' dtype, S [B, H, Dk, Dv] float32)``. CUDA tensors run
     compiled, CPU tensors under the Triton interpreter. ``operands`` and ``input_precision`` as in
-    :func:`tinyk3.kernels.gated_delta_rule.chunked`. Differentiable: the backward recomputes with
-    :func:`tinyk3.ops.kda.chunked`, so the gradients are that op's by construction. Raises
+    :func:`tinyk3.kernels.gated_delta_rule.chunked`. Differentiable: the backward runs as Triton kernels
+    (:mod:`tinyk3.kernels.backward`, chapter 21). Raises
     ``ValueError`` for gates outside the kernels' range (see the module docstring) and
     :class:`tinyk3.kernels.TritonUnavailableError` if Triton is not installed.
     """

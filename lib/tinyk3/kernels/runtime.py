@@ -131,12 +131,15 @@ class KernelSet:
     ``ks.get(interpret)`` returns a namespace of launchable kernels. Under the interpreter each
     kernel runs as Python in a copy of its module's namespace (the interpreter adds its own names
     to the namespace it is given); compiled, the helpers are ``JITFunction`` s in that namespace.
-    :func:`to_operand` is always available to the kernels."""
+    :func:`to_operand` is always available to the kernels; ``uses=(other,)`` adds another
+    set's helpers (registered before this set is made)."""
 
-    def __init__(self, owner: str):
+    def __init__(self, owner: str, uses: tuple = ()):
         self.owner = owner
         self.kernels: dict = {}
         self.helpers: dict = dict(_RUNTIME_HELPERS)
+        for other in uses:  # another module's helpers, callable from these kernels too
+            self.helpers.update(other.helpers)
         self._built: dict = {}
 
     def kernel(self, fn):
