@@ -14,6 +14,9 @@ sm_80 / sm_90 without running them; this script is the check that needs a GPU.
     python tools/gpu_check_kernels.py --ptxas-record benchmarks/2026-12-02-ptxas-gated
                                                      # no GPU needed: compile the gated stages for
                                                      # sm_80/sm_90, write registers/spills/shared
+    python tools/gpu_check_kernels.py --ptxas-record-backward benchmarks/2026-12-03-ptxas-backward
+                                                     # the same for the backward kernels
+    python tools/gpu_check_kernels.py --forward-only # skip the backward checks (chapter 21)
 
 On a GPU the results are written to ``benchmarks/<date>-gpu-kernels/gpu_check.json`` unless
 ``--json`` names another file (one unattended command: ``python tools/gpu_check_kernels.py``).
@@ -27,9 +30,8 @@ What it reports:
    and "tf32" (bound 1e-2), bfloat16 inputs in both operand modes (``operands="bfloat16"``,
    the default for them and fla's design, bound 2e-2; ``"float32"`` with tf32, bound 2e-2: o is
    rounded to 8 bits) and float16 inputs (float32 operands, tf32), fused and unfused, several
-   chunk sizes, T not a multiple of C, Dk ≠ Dv, and a head size that is not a power of two; the
-   autograd wiring (the backward recomputes with the PyTorch form, so its gradients equal that
-   form's by construction: this checks the wiring only); fla's output on the same inputs
+   chunk sizes, T not a multiple of C, Dk ≠ Dv, and a head size that is not a power of two;
+   fla's output on the same inputs
    (``scale=1.0``: fla scales q by Dk^-0.5 by default; layout [B, T, H, D]).
 2. forward time (triton.testing.do_bench, median ms) of: the kernel (bf16 operands; float32
    operands with tf32 and ieee; fused and not), the PyTorch chunked form, causal softmax
@@ -37,11 +39,26 @@ What it reports:
    multiple of fla's); and the share of each stage's kernel in the kernel's time (torch.profiler).
 3. The gated rules (``gated_delta_rule_checks``): the compiled kernels against the float64 token
    loop (``ops.gated_delta_rule.recurrent`` / ``ops.kda.recurrent``) in every mode (bounds as
-   above), KDA's gate-stress case (gates in [−5, 0], a whole chunk at −5) at C = 16, 32, 64, the
-   autograd wiring, fla's ``chunk_gated_delta_rule`` / ``chunk_kda`` on the same inputs
+   above), KDA's gate-stress case (gates in [−5, 0], a whole chunk at −5) at C = 16, 32, 64,
+   fla's ``chunk_gated_delta_rule`` / ``chunk_kda`` on the same inputs
    (layout [B, T, H, D], ``scale=1.0``, ``g`` before ``beta``); forward times at bf16, B 4, H 16,
    D 128, T 2048-16384 of our kernels (bf16 and tf32 operands), the PyTorch op and fla's kernel,
    with the throughput ratio (ours / fla's) printed.
+4. The backward kernels (chapter 21, all three rules; ``--forward-only`` skips them): gradients
+   by autograd through the compiled ``kernels.<rule>.chunked`` (whose backward launches
+   ``tinyk3.kernels.backward``) against the float64 token loop's adjoint
+   (``ops.<rule>.recurrent_backward``) on the same inputs, float32 (ieee, bound 1e-5) and bf16
+   operands (bound 3e-2), C 16-64, the gate-stress case at −5 per step; then forward + backward
+   time and peak memory at bf16, B 4, H 16, D 128, T 2048-16384 of our kernels, the PyTorch
+   chunked form (derived backward) and fla's ``chunk_delta_rule`` / ``chunk_gated_delta_rule`` /
+   ``chunk_kda`` (fla's own Triton backward).
+
+The JSON record (``RECORD_FORMAT = 2``): ``format``, ``env`` (python, torch, triton, device,
+capability, fla), ``rules``, ``correctness`` and ``timings`` (1-3; rows as printed),
+``backward_correctness`` (rows: ``rule, shape [B, H, T, D], C, dtype, precision, stress, err``
+(dict of the six gradients' errors), ``tol, finite, passed``), ``backward_timings`` (rows:
+``rule, T, B, H, D, method, ms_fwd_bwd, peak_mib``, and ``rule, T, throughput_vs_fla``), and
+``passed``. ``tests/test_kernels_backward.py`` pins these fields on a CPU dry run.
 """
 
 from __future__ import annotations
@@ -85,6 +102,7 @@ try:  # fla-core 0.6: chunk_kda(q, k, v, g [B, T, H, K], beta, scale, initial_st
 except Exception:
     fla_chunk_kda = None
 
+RECORD_FORMAT = 2  # the JSON record's layout (module docstring); 2 added the backward sections
 TOL = {("float32", "ieee"): (1e-5, 1e-5), ("float32", "tf32"): (1e-2, 1e-2),
        ("bfloat16", "tf32"): (2e-2, 1e-2), ("float16", "tf32"): (2e-2, 1e-2),
        ("bfloat16", "bf16"): (2e-2, 2e-2)}
@@ -138,21 +156,6 @@ def correctness(device, quick):
         rows.append(row)
         print(f"  {str(shape):24} C={C:<3} {name:9} {row['precision']:8} fused={fuse!s:5} "
               f"o {eo:.1e}  S {eS:.1e}  {'ok' if passed else 'FAIL'}")
-
-    # autograd wiring: the backward recomputes with the PyTorch form, so its gradients equal
-    # that form's by construction; this catches wiring errors (argument order, dS), not kernel ones
-    q, k, v, beta, S0 = inputs(1, 2, 37, 32, 32, torch.float32, device, seed=1)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v, beta, S0)]
-    o, S = kd.chunked(*leaves[:4], chunk_size=16, initial_state=leaves[4])
-    (o.square().sum() + S.sum()).backward()
-    ref = [t.clone().requires_grad_() for t in (q, k, v, beta, S0)]
-    ro, rS = ops.chunked(*ref[:4], chunk_size=16, initial_state=ref[4])
-    (ro.square().sum() + rS.sum()).backward()
-    eg = max(rel_err(a.grad, b.grad) for a, b in zip(leaves, ref))
-    ok &= eg <= 1e-4
-    print(f"  autograd wiring (q, k, v, beta, S0 gradients = the PyTorch form's): {eg:.1e}  "
-          f"{'ok' if eg <= 1e-4 else 'FAIL'}")
-    rows.append(dict(check="autograd wiring", err=eg, passed=eg <= 1e-4))
 
     if fla_chunk_delta_rule is not None and device == "cuda":
         q, k, v, beta, S0 = inputs(*big, torch.bfloat16, device, seed=2)
@@ -321,20 +324,6 @@ def gated_correctness(rule, device, quick):
         print(f"  {rule:16} {str(shape):24} C={C:<3} {name:9} {mode:5} {'stress' if stress else '':6} "
               f"o {eo:.1e}  S {eS:.1e}  {'ok' if passed else 'FAIL'}")
 
-    # autograd wiring (the backward recomputes with the PyTorch op: its gradients by construction)
-    q, k, v, beta, g, S0 = gated_inputs(rule, 1, 2, 37, 32, 32, torch.float32, device, seed=1)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v, beta, g, S0)]
-    o, S = kern.chunked(*leaves[:5], chunk_size=16, initial_state=leaves[5])
-    (o.square().sum() + S.sum()).backward()
-    ref = [t.clone().requires_grad_() for t in (q, k, v, beta, g, S0)]
-    ro, rS = op.chunked(*ref[:5], chunk_size=16, initial_state=ref[5])
-    (ro.square().sum() + rS.sum()).backward()
-    eg = max(rel_err(a.grad, b.grad) for a, b in zip(leaves, ref))
-    ok &= eg <= 1e-4
-    print(f"  {rule:16} autograd wiring (gradients = the PyTorch op's): {eg:.1e}  "
-          f"{'ok' if eg <= 1e-4 else 'FAIL'}")
-    rows.append(dict(rule=rule, check="autograd wiring", err=eg, passed=eg <= 1e-4))
-
     fla_fn = fla_chunk_gdn if rule == "gated_delta_rule" else fla_chunk_kda
     if fla_fn is not None and device == "cuda":
         q, k, v, beta, g, S0 = gated_inputs(rule, *big, torch.bfloat16, device, seed=2)
@@ -394,6 +383,147 @@ def gated_methods(rule, q, k, v, beta, g, S0, device):
     return methods
 
 
+# ---------------------------------------------------------------------------------------------
+# The backward kernels (chapter 21)
+# ---------------------------------------------------------------------------------------------
+
+BACKWARD_RULES = {"delta_rule": (kd, ops), "gated_delta_rule": (kgdn, ops_gdn), "kda": (kkda, ops_kda)}
+FLA_FUNCTIONS = {"delta_rule": "fla_chunk_delta_rule", "gated_delta_rule": "fla_chunk_gdn",
+                 "kda": "fla_chunk_kda"}
+BACKWARD_TOL = {"ieee": 1e-5, "bf16": 3e-2}  # the unit tests' bounds (tests/test_kernels_backward.py)
+GRAD_NAMES = ("dq", "dk", "dv", "dbeta", "dg", "d_initial_state")
+
+
+def _rule_inputs(rule, B, H, T, D, dtype, device, seed=0, stress=False):
+    """``(q, k, v, beta, g or None, S0)`` on ``device``; ``g`` as :func:`gated_inputs`."""
+    if rule == "delta_rule":
+        q, k, v, beta, S0 = inputs(B, H, T, D, D, dtype, device, seed)
+        return q, k, v, beta, None, S0
+    return gated_inputs(rule, B, H, T, D, D, dtype, device, seed, stress=stress)
+
+
+def _through_kernels(rule, x, S0, d_o, d_state, C, operands):
+    """Gradients of ⟨o, d_o⟩ + ⟨S_T, d_state⟩ by autograd through ``kernels.<rule>.chunked``
+    (its backward is the Triton backward kernels), in GRAD_NAMES order."""
+    kern = BACKWARD_RULES[rule][0]
+    leaves = [t.detach().clone().requires_grad_() for t in x if t is not None]
+    s0 = S0.detach().clone().requires_grad_()
+    o, S = kern.chunked(*leaves, chunk_size=C, initial_state=s0, operands=operands)
+    ((o.float() * d_o).sum() + (S * d_state).sum()).backward()
+    grads = [t.grad for t in leaves]
+    return grads[:4] + ([grads[4]] if len(grads) == 5 else [None]) + [s0.grad]
+
+
+def backward_correctness(rule, device, quick):
+    """Gradients through the compiled kernels against the float64 token loop's adjoint
+    (``ops.<rule>.recurrent_backward`` on the same, possibly rounded, inputs). One row per case:
+    ``rule, shape [B, H, T, D], C, dtype, precision, stress, err`` (a dict of the six gradients'
+    errors, max |a − b| / max(1, max |b|)), ``tol, finite, passed``."""
+    big = (2, 4, 1000, 128) if device == "cuda" else (1, 2, 40, 32)
+    odd = (1, 2, 37, 20)
+    cases = []  # (shape, C, dtype, stress)
+    for C in ((64,) if quick else (16, 32, 64)):
+        for shape in (big, odd):
+            cases += [(shape, C, torch.float32, False), (shape, C, torch.bfloat16, False)]
+    if rule != "delta_rule":  # gates at Kimi K3's lower bound, −5 per step
+        stress = (1, 2, 200 if device == "cuda" else 40, 128 if device == "cuda" else 16)
+        cases += [(stress, 64 if quick else C, dt, True) for C in ((64,) if quick else (16, 64))
+                  for dt in (torch.float32, torch.bfloat16)]
+    op = BACKWARD_RULES[rule][1]
+    rows, ok = [], True
+    for shape, C, dtype, stress in cases:
+        B, H, T, D = shape
+        q, k, v, beta, g, S0 = _rule_inputs(rule, B, H, T, D, dtype, device, seed=3, stress=stress)
+        gen = torch.Generator(device="cpu").manual_seed(4)
+        d_o = torch.randn(B, H, T, D, generator=gen).to(device)
+        d_state = torch.randn(B, H, D, D, generator=gen).to(device)
+        mode = "ieee" if dtype == torch.float32 else "bf16"
+        got = _through_kernels(rule, (q, k, v, beta, g), S0, d_o, d_state, C,
+                               "float32" if mode == "ieee" else "bfloat16")
+        x64 = [t.double() for t in (q, k, v, beta, g) if t is not None]
+        ref = op.recurrent_backward(*x64, d_o.double(), d_state.double(), initial_state=S0.double())
+        ref = list(ref[:4]) + ([ref[4]] if g is not None else [None]) + [ref[-1]]
+        errs = {n: rel_err(a, b) for n, a, b in zip(GRAD_NAMES, got, ref) if b is not None}
+        finite = all(bool(torch.isfinite(a).all()) for a in got if a is not None)
+        tol = BACKWARD_TOL[mode]
+        passed = finite and max(errs.values()) <= tol
+        ok &= passed
+        name = str(dtype).split(".")[1]
+        rows.append(dict(rule=rule, shape=list(shape), C=C, dtype=name, precision=mode,
+                         stress=stress, err=errs, tol=tol, finite=finite, passed=passed))
+        print(f"  {rule:16} {str(shape):20} C={C:<3} {name:9} {mode:4} {'stress' if stress else '':6} "
+              f"worst {max(errs, key=errs.get)} {max(errs.values()):.1e}  {'ok' if passed else 'FAIL'}")
+    return rows, ok
+
+
+def backward_timings(rule, device, quick):
+    """Forward + backward time (median ms) and peak memory of one training step's mixer call at
+    bf16, B 4, H 16, D 128 (cuda), of: our kernels (bf16 operands), the PyTorch chunked form
+    (derived backward), and fla's ``chunk_*`` (its own Triton backward), if installed. One row per
+    (T, method): ``rule, T, B, H, D, method, ms_fwd_bwd, peak_mib`` (memory allocated during the
+    step beyond the inputs, ``torch.cuda.max_memory_allocated``; None on the CPU), and a row
+    ``throughput_vs_fla`` (fla's time / ours) where fla ran."""
+    B, H, D = (4, 16, 128) if device == "cuda" else (1, 2, 32)
+    Ts = ((4096,) if quick else (2048, 4096, 8192, 16384)) if device == "cuda" else (64,)
+    kern, op = BACKWARD_RULES[rule]
+    fla_fn = globals()[FLA_FUNCTIONS[rule]]
+    rows = []
+    for T in Ts:
+        q, k, v, beta, g, S0 = _rule_inputs(rule, B, H, T, D, torch.bfloat16, device)
+        x = [t for t in (q, k, v, beta, g) if t is not None]
+        leaves = [t.detach().clone().requires_grad_() for t in x]
+        d_o = torch.randn_like(v)
+
+        def ours(leaves=leaves, S0=S0, d_o=d_o):
+            o, _ = kern.chunked(*leaves, initial_state=S0, operands="bfloat16")
+            o.backward(d_o)
+
+        def pytorch(leaves=leaves, S0=S0, d_o=d_o):
+            o, _ = op.chunked(*leaves, initial_state=S0)
+            o.backward(d_o)
+
+        methods = {"kernel bf16": ours, "pytorch chunked": pytorch}
+        if fla_fn is not None and device == "cuda":
+            tl_ = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in x]
+            d_ot = d_o.transpose(1, 2).contiguous()
+
+            def fla(tl_=tl_, S0=S0, d_ot=d_ot):
+                if rule == "delta_rule":
+                    o, _ = fla_fn(*tl_, scale=1.0, initial_state=S0, output_final_state=True)
+                else:
+                    qt, kt, vt, bt, gt = tl_
+                    o, _ = fla_fn(qt, kt, vt, g=gt, beta=bt, scale=1.0, initial_state=S0,
+                                  output_final_state=True)
+                o.backward(d_ot)
+            methods["fla"] = fla
+        times = {}
+        for name, fn in methods.items():
+            try:
+                peak = None
+                if device == "cuda":
+                    fn()
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    fn()
+                    torch.cuda.synchronize()
+                    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+                ms = bench(fn, device)
+            except Exception as exc:  # e.g. out of memory for the PyTorch form at long T
+                print(f"  {rule:16} T={T:<6} {name:16} failed: {type(exc).__name__}: {exc}"[:200])
+                continue
+            times[name] = ms
+            rows.append(dict(rule=rule, T=T, B=B, H=H, D=D, method=name, ms_fwd_bwd=ms,
+                             peak_mib=peak))
+            mem = "" if peak is None else f"   peak {peak:9.1f} MiB"
+            print(f"  {rule:16} T={T:<6} {name:16} fwd+bwd {ms:9.3f} ms{mem}")
+        if "fla" in times and "kernel bf16" in times:
+            ratio = times["fla"] / times["kernel bf16"]
+            print(f"  {rule:16} T={T:<6} kernel bf16 fwd+bwd throughput / fla: {ratio:.2f}x")
+            rows.append(dict(rule=rule, T=T, throughput_vs_fla=ratio))
+    return rows
+
+
 def ptxas_record(out_dir: Path) -> None:
     """Compile the gated stages for sm_80 and sm_90 (no GPU needed) at C = 64, Dk = Dv = 128,
     bfloat16 inputs, bf16 operands and float32 operands (tf32), with the launch configuration the
@@ -437,6 +567,48 @@ def ptxas_record(out_dir: Path) -> None:
     print(f"wrote {out_dir / 'stage_resources.json'}")
 
 
+def ptxas_record_backward(out_dir: Path) -> None:
+    """Compile the four backward kernels of each rule for sm_80 and sm_90 (no GPU needed) at
+    C = 64, Dk = Dv = 128, bfloat16 inputs, bf16 operands and float32 operands (tf32), with the
+    tiles of ``tinyk3.kernels.backward.launch_config``; write the same columns as the forward's
+    record (``stage_resources.json``)."""
+    import subprocess
+
+    from tinyk3.bench import stamp
+    from tinyk3.kernels import backward as kb
+
+    reason = kd.cannot_compile_reason()
+    if reason:
+        sys.exit(f"cannot compile here: {reason}")
+    stage_of = {"_dv_local_kernel": "dv_local", "_adjoint_kernel": "adjoint",
+                "_ut_backward_kernel": "ut_backward", "_dqk_kernel": "dqk"}
+    rows = []
+    for rule, gate in (("delta_rule", 0), *kgated.GATES.items()):
+        cfg = kb.launch_config(64, 128, 128, gate)
+        for arch in (80, 90):
+            for operands, prec in (("bfloat16", "ieee"), ("float32", "tf32")):
+                out = kb.compile_for_gpu(gate, arch, chunk_size=64, Dk=128, Dv=128,
+                                         dtype=torch.bfloat16, operands=operands,
+                                         input_precision=prec)
+                for name, compiled in out.items():
+                    r = runtime.ptxas_report(compiled.asm["ptx"])
+                    row = dict(rule=rule, arch=f"sm_{arch}", operands=operands,
+                               input_precision=None if operands == "bfloat16" else prec, stage=name,
+                               **cfg[stage_of[name]], registers=r["registers"],
+                               spill_stores=r["spill_stores"], spill_loads=r["spill_loads"],
+                               stack_frame=r["stack_frame"], shared=compiled.metadata.shared)
+                    rows.append(row)
+                    print(f"  {rule:16} sm_{arch} {operands:8} {name:20} regs {r['registers']:3}  "
+                          f"spills {r['spill_stores']}/{r['spill_loads']} B  shared {row['shared']} B")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[1]).stdout.strip() or None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "stage_resources.json").write_text(json.dumps(dict(
+        stamp=stamp(), commit=commit, triton=triton.__version__, torch=torch.__version__,
+        C=64, Dk=128, Dv=128, inputs="bfloat16", rows=rows), indent=1))
+    print(f"wrote {out_dir / 'stage_resources.json'}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -445,10 +617,17 @@ def main(argv=None):
     p.add_argument("--json", type=Path)
     p.add_argument("--rules", nargs="+", default=["delta_rule", "gated_delta_rule", "kda"],
                    choices=["delta_rule", "gated_delta_rule", "kda"])
+    p.add_argument("--forward-only", action="store_true", help="skip the backward kernels' checks")
     p.add_argument("--ptxas-record", type=Path, metavar="DIR",
                    help="compile the gated stages for sm_80/sm_90 (no GPU needed) and write "
                    "DIR/stage_resources.json")
+    p.add_argument("--ptxas-record-backward", type=Path, metavar="DIR",
+                   help="compile the backward kernels for sm_80/sm_90 (no GPU needed) and write "
+                   "DIR/stage_resources.json")
     a = p.parse_args(argv)
+    if a.ptxas_record_backward:
+        ptxas_record_backward(a.ptxas_record_backward)
+        return 0
     if a.ptxas_record:
         ptxas_record(a.ptxas_record)
         return 0
@@ -479,6 +658,16 @@ def main(argv=None):
             ok &= passed
             print(f"forward time ({rule}, bf16 inputs, C = 64):")
             times += gated_timings(rule, a.device, a.quick)
+    back_rows, back_times = [], []
+    if not a.forward_only:
+        for rule in a.rules:
+            print(f"backward ({rule}: gradients through the kernels vs the float64 token loop's "
+                  "adjoint):")
+            got, passed = backward_correctness(rule, a.device, a.quick)
+            back_rows += got
+            ok &= passed
+            print(f"forward + backward time and peak memory ({rule}, bf16 inputs, C = 64):")
+            back_times += backward_timings(rule, a.device, a.quick)
     out = a.json
     if out is None and a.device == "cuda":  # the unattended run keeps its record
         import datetime
@@ -487,8 +676,10 @@ def main(argv=None):
         out = Path(__file__).resolve().parents[1] / "benchmarks" / f"{day}-gpu-kernels" / "gpu_check.json"
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(dict(env=env, rules=a.rules, correctness=rows, timings=times),
-                                  indent=1, default=str))
+        out.write_text(json.dumps(dict(format=RECORD_FORMAT, env=env, rules=a.rules,
+                                       correctness=rows, timings=times,
+                                       backward_correctness=back_rows, backward_timings=back_times,
+                                       passed=ok), indent=1, default=str))
         print(f"wrote {out}")
     print("ALL CHECKS PASSED" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1

@@ -270,10 +270,6 @@ def _ut_backward_kernel(
     o_i = tl.arange(0, BC)
     o_t = i_c * BC + o_i
     m_t = o_t < T
-    b_beta = tl.load(beta + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32)
-    b_X = tl.load(x + i_bh * T * BC + o_t[:, None] * BC + o_i[None, :], mask=m_t[:, None], other=0.0)
-    b_T = b_X * b_beta[None, :]  # 𝒯 = X diag(β)
-    b_Top = to_operand(b_T, BF16, EMULATE)
     if GATE == 1:
         b_G = tl.associative_scan(tl.load(g + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32),
                                   0, tl.standard._sum_combine)
@@ -305,6 +301,10 @@ def _ut_backward_kernel(
                            input_precision=PRECISION)
         b_dT += tl.dot(to_operand(b_dw, BF16, EMULATE), tl.trans(to_operand(b_kg, BF16, EMULATE)),
                        input_precision=PRECISION)
+    # 𝒯 = X diag(β), loaded only now (fewer C × C tiles live in the loops above)
+    b_beta = tl.load(beta + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32)
+    b_X = tl.load(x + i_bh * T * BC + o_t[:, None] * BC + o_i[None, :], mask=m_t[:, None], other=0.0)
+    b_Top = to_operand(b_X * b_beta[None, :], BF16, EMULATE)
     for i_v in range(0, (Dv + BV - 1) // BV):  # + dU' Vᵀ, and dV = 𝒯ᵀ dU'
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v[None, :] < Dv)
@@ -529,14 +529,17 @@ def launch_config(chunk_size: int, Dk: int, Dv: int, gate: int) -> dict[str, dic
     fwd = gated.launch_config(chunk_size, Dk, Dv, max(gate, 1))
     BK_full, BV_full = tile_size(Dk), tile_size(Dv)
     warps = 8 if chunk_size * BK_full >= 2048 else 4
-    small = 32 if gate == 2 else 64
+    big = warps == 8  # the large tiles: C · Dk ≥ 2048
     return {
         "wy": fwd["wy"],
-        "dv_local": dict(BK=min(BK_full, small), BV=min(BV_full, 64), num_warps=warps, num_stages=1),
-        "adjoint": dict(BK=BK_full, BV=min(BV_full, 32 if BK_full > 64 else 64), num_warps=warps,
+        "dv_local": dict(BK=min(BK_full, 32 if gate == 2 else 64), BV=min(BV_full, 64),
+                         num_warps=warps, num_stages=1),
+        "adjoint": dict(BK=BK_full, BV=min(BV_full, 16 if big else 64), num_warps=warps,
                         num_stages=1),
-        "ut_backward": dict(BK=min(BK_full, 64), BV=min(BV_full, 64), num_warps=warps, num_stages=1),
-        "dqk": dict(BK=min(BK_full, small), BV=min(BV_full, 32), num_warps=warps, num_stages=1),
+        "ut_backward": dict(BK=min(BK_full, 32 if big else 64), BV=min(BV_full, 32 if big else 64),
+                            num_warps=warps, num_stages=1),
+        "dqk": dict(BK=min(BK_full, 16 if big else 32), BV=min(BV_full, 16 if big else 32),
+                    num_warps=warps, num_stages=1),
     }
 
 
@@ -636,9 +639,10 @@ def backward(q, k, v, beta, g, d_o, d_state, *, gate: int, chunk_size: int, init
 def compile_for_gpu(gate: int, arch: int = 90, *, chunk_size: int = 64, Dk: int = 128,
                     Dv: int = 128, dtype: torch.dtype = torch.bfloat16, has_final_grad: bool = True,
                     input_precision: str = "ieee", operands: str = "float32",
-                    config: dict | None = None) -> dict:
-    """Compile the four backward kernels for ``GPUTarget("cuda", arch, 32)`` without a GPU (as
-    :func:`tinyk3.kernels.gated.compile_for_gpu` does for the forward). Returns
+                    config: dict | None = None, only: tuple | None = None) -> dict:
+    """Compile the four backward kernels (``only``: those named) for ``GPUTarget("cuda", arch,
+    32)`` without a GPU (as :func:`tinyk3.kernels.gated.compile_for_gpu` does for the forward).
+    Returns
     ``{name: compiled}``; registers and spills: :func:`tinyk3.kernels.runtime.ptxas_report`."""
     runtime.require_triton("tinyk3.kernels.backward.compile_for_gpu")
     if gate not in (0, 1, 2) or chunk_size not in gated.CHUNK_SIZES or operands not in gated.OPERANDS:
@@ -667,6 +671,8 @@ def compile_for_gpu(gate: int, arch: int = 90, *, chunk_size: int = 64, Dk: int 
     }
     out = {}
     for name, (sig, constexprs, launch) in specs.items():
+        if only is not None and name not in only:
+            continue
         constexprs = {**constexprs, "BK": launch["BK"], "BV": launch["BV"]}
         out[name] = runtime.compile_kernel(getattr(kern, name), sig, constexprs, arch=arch,
                                            num_warps=launch["num_warps"],
