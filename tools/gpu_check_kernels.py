@@ -399,7 +399,12 @@ def _rule_inputs(rule, B, H, T, D, dtype, device, seed=0, stress=False):
     if rule == "delta_rule":
         q, k, v, beta, S0 = inputs(B, H, T, D, D, dtype, device, seed)
         return q, k, v, beta, None, S0
-    return gated_inputs(rule, B, H, T, D, D, dtype, device, seed, stress=stress)
+    if rule == "kda" or not stress:
+        return gated_inputs(rule, B, H, T, D, D, dtype, device, seed, stress=stress)
+    q, k, v, beta, g, S0 = gated_inputs(rule, B, H, T, D, D, dtype, device, seed)
+    g = torch.full_like(g, -5.0)  # Gated DeltaNet at the lower bound, a few tokens near 0
+    g[:, :, :3] = -1e-3
+    return q, k, v, beta, g, S0
 
 
 def _through_kernels(rule, x, S0, d_o, d_state, C, operands):
