@@ -428,3 +428,5 @@ def test_gpu_check_script_smoke_on_cpu(tmp_path):
     assert "ALL CHECKS PASSED" in proc.stdout and "sdpa causal" in proc.stdout
     report = json.loads(out.read_text())  # what it measured, with the environment it ran in
     assert report["env"]["device"] == "cpu (interpreter)" and report["correctness"] and report["timings"]
+    assert report["format"] == 2 and {row["rule"] for row in report["backward_correctness"]} == {
+        "delta_rule", "gated_delta_rule", "kda"}

@@ -464,3 +464,16 @@ def test_gpu_check_script_gated_smoke_on_cpu(tmp_path):
     assert {"gated_delta_rule", "kda"} <= rules and "delta_rule" not in rules
     assert {row.get("rule") for row in report["timings"]} >= {"gated_delta_rule", "kda"}
     assert all(row["passed"] for row in report["correctness"] if "passed" in row)
+    # the backward kernels (chapter 21): the record's fixed fields (RECORD_FORMAT 2)
+    assert report["format"] == 2 and report["passed"] is True
+    back = report["backward_correctness"]
+    assert {row["rule"] for row in back} == {"gated_delta_rule", "kda"}
+    assert any(row["stress"] for row in back) and all(row["passed"] for row in back)
+    for row in back:
+        assert set(row) == {"rule", "shape", "C", "dtype", "precision", "stress", "err", "tol",
+                            "finite", "passed"}
+        assert set(row["err"]) == {"dq", "dk", "dv", "dbeta", "dg", "d_initial_state"}
+    timed = [row for row in report["backward_timings"] if "method" in row]
+    assert {row["method"] for row in timed} >= {"kernel bf16", "pytorch chunked"}
+    assert all(set(row) == {"rule", "T", "B", "H", "D", "method", "ms_fwd_bwd", "peak_mib"}
+               for row in timed)

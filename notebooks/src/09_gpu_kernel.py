@@ -565,16 +565,16 @@ print(f"{'total':>36s} " + " ".join(f"{x:16.0f}" for x in totals))
 # kernels: one more sequential sweep instead of the memory above for every layer until the
 # backward reaches it, the trade activation checkpointing makes.
 #
-# The lib's kernel is forward-only. Its `autograd.Function` stores only the inputs, and its
-# backward recomputes everything with the PyTorch chunked form under autograd:
+# The lib's kernel makes the other choice of Part VI (chapter 19): its `autograd.Function`
+# keeps the inputs and the chunk states $S_{[c]}$ the forward wrote anyway, and its backward
+# recomputes $W$, $U$ and $U'$ from them inside the backward kernels of `tinyk3.kernels.backward`:
 
 # %%
 tinyk3.notebook.show_source(kd._ChunkedFunction.backward)
 
 # %% [markdown]
-# So the gradients through `kd.chunked` *are* the PyTorch form's gradients, by construction:
-# comparing the two would check nothing about the kernels, and this chapter does not. What the
-# kernels contribute is the forward, checked next.
+# Those backward kernels are derived and checked in Part VI; this chapter is about the forward,
+# checked next.
 
 # %% [markdown]
 # ## Check: the kernels under the interpreter, stage by stage
@@ -1243,8 +1243,7 @@ else:
 #   and every chunk's starting state, more bytes than the inputs; this kernel's bfloat16 mode
 #   halves them, as fla's bfloat16 storage does (fla also stores its scaled $KK^\top$ and the
 #   inverses). fla's backward pass therefore stores little and recomputes. The lib's kernel
-#   recomputes through the PyTorch form, so its gradients are the PyTorch form's by construction
-#   and are not a check of the kernels.
+#   keeps the chunk states it wrote and recomputes the rest in its backward kernels (Part VI).
 # - The kernels map line by line onto the equations: `program_id` picks the chunk, head and
 #   value block, `arange` and masks build the tiles, `tl.dot` does the products, and the
 #   triangular solve is a row loop of masked tile operations.
