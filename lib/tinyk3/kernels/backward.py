@@ -538,8 +538,7 @@ def launch_config(chunk_size: int, Dk: int, Dv: int, gate: int) -> dict[str, dic
                         num_stages=1),
         "ut_backward": dict(BK=min(BK_full, 32 if big else 64), BV=min(BV_full, 32 if big else 64),
                             num_warps=warps, num_stages=1),
-        "dqk": dict(BK=min(BK_full, 16 if big else 32), BV=min(BV_full, 16 if big else 32),
-                    num_warps=warps, num_stages=1),
+        "dqk": dict(BK=16, BV=16, num_warps=warps, num_stages=1),  # its many tiles: the smallest
     }
 
 
