@@ -144,14 +144,14 @@ def test_one_token_from_a_zero_state_has_no_gate_gradient(rule):
 @needs_triton
 @pytest.mark.parametrize("rule", list(RULES))
 def test_recomputed_states_equal_kept_ones(rule):
-    """``states=None`` (fla's choice: recompute the boundary states in the backward) gives the
-    gradients of the kept states."""
+    """``states=None`` and ``x=None`` (recompute the boundary states and the inverses in the
+    backward, as fla recomputes its states) give the gradients of the kept ones."""
     q, k, v, beta, g, S0, d_o, dS = _inputs(rule, 1, 2, 45, 20, 12, seed=11)
     gate, kern, _ = RULES[rule]
     x = (q, k, v, beta) if gate == 0 else (q, k, v, beta, g)
-    states = kern.forward_stages(*x, chunk_size=32, initial_state=S0)["states"]
+    fwd = kern.forward_stages(*x, chunk_size=32, initial_state=S0)
     kept = kb.backward(q, k, v, beta, g, d_o, dS, gate=gate, chunk_size=32, initial_state=S0,
-                       states=states)
+                       states=fwd["states"], x=fwd.get("x"))
     again = kb.backward(q, k, v, beta, g, d_o, dS, gate=gate, chunk_size=32, initial_state=S0)
     for name, a, b in zip(NAMES, kept, again):
         assert (a is None) == (b is None) and (a is None or _err(a, b) <= TOL_SAME), name

@@ -5,7 +5,8 @@ gate, ``1`` one log decay per token and head, ``2`` one per token and key channe
 :mod:`tinyk3.kernels.gated`. The public entry points are the ``chunked`` functions of
 :mod:`tinyk3.kernels.delta_rule`, :mod:`tinyk3.kernels.gated_delta_rule` and
 :mod:`tinyk3.kernels.kda`: autograd functions whose forward launches the forward kernels and
-keeps the inputs and the chunk-boundary states ``S_[c]``, and whose backward calls
+keeps the inputs, the chunk-boundary states ``S_[c]`` and (gated rules) the inverses ``X``,
+and whose backward calls
 :func:`backward` here, which launches these kernels (under the Triton interpreter for CPU
 tensors; no PyTorch computation inside but the sum of per-block partial gradients).
 
@@ -25,10 +26,12 @@ to the next state, ``ρ_i = e^{G_C − G_i}``) and ``Ω`` the decayed scores (``
 with ``dΩ = dO U'ᵀ`` on ``j ≤ i`` (KDA: ``Γ`` per channel, the products formed sub-chunk by
 sub-chunk as in the forward). Five launches:
 
-1. ``_wy_kernel`` of :mod:`tinyk3.kernels.gated` (the forward's stage 1, with ``STORE_X``):
-   ``W``, ``U`` and ``X = (I + L)⁻¹`` recomputed, parallel over chunks and heads. ``𝒯`` is
-   ``X diag(β)``; ``X`` is kept because ``β`` may be zero (padded tokens). (fla:
-   ``recompute_w_u_fwd``, its ``A`` is our ``X``.)
+1. ``_wy_kernel`` of :mod:`tinyk3.kernels.gated` (the forward's stage 1): ``W`` and ``U``
+   recomputed, parallel over chunks and heads, from the inverses ``X = (I + L)⁻¹`` the
+   forward kept (``LOAD_X``: no ``K Kᵀ`` and no solve), or with ``X`` solved again and stored
+   (``STORE_X``) when it was not kept (chapter 9's delta-rule forward keeps none). ``𝒯`` is
+   ``X diag(β)``; ``X`` is what is kept because ``β`` may be zero (padded tokens). (fla:
+   ``recompute_w_u_fwd``, from its kept ``A``, our ``X``.)
 2. :func:`_dv_local_kernel`: ``P = Ωᵀ dO`` (what ``dU'`` gets from the chunk's own outputs),
    parallel over Dv blocks, chunks and heads: the forward's output pass with ``Ω`` transposed.
    (fla: ``chunk_bwd_dv_local``.)
@@ -543,13 +546,14 @@ def launch_config(chunk_size: int, Dk: int, Dv: int, gate: int) -> dict[str, dic
 
 
 def backward(q, k, v, beta, g, d_o, d_state, *, gate: int, chunk_size: int, initial_state=None,
-             states=None, input_precision: str = "ieee", operands: str = "float32", config=None,
-             return_stages: bool = False):
+             states=None, x=None, input_precision: str = "ieee", operands: str = "float32",
+             config=None, return_stages: bool = False):
     """The gradients of the chunked rule ``gate`` (0 delta rule, 1 Gated DeltaNet, 2 KDA) by the
     backward kernels. Inputs as the forward's (validated by the caller; ``g`` is ignored for
     ``gate = 0``), ``d_o [B, H, T, Dv]``, ``d_state [B, H, Dk, Dv]`` or None, ``states`` the
     forward's chunk-boundary states ``[B, H, NT, Dk, Dv]`` (None: recomputed by the forward's
-    stages 1 and 2 first, fla's choice). Returns ``(dq, dk, dv, dβ, dg, dS_0)`` in float32
+    stages 1 and 2 first, fla's choice), ``x`` the forward's inverses ``X [B, H, T, C]``
+    (None: solved again in stage 1). Returns ``(dq, dk, dv, dβ, dg, dS_0)`` in float32
     (``dg`` None for ``gate = 0``), or with ``return_stages`` a dict of what every stage wrote.
     """
     B, H, T, Dk = q.shape
@@ -577,12 +581,13 @@ def backward(q, k, v, beta, g, d_o, d_state, *, gate: int, chunk_size: int, init
     mode = dict(BC=C, GATE=gate, PRECISION=input_precision, BF16=bf16, EMULATE=interpret)
     out: dict[str, torch.Tensor] = {}
 
-    # (1) W, U and X, the forward's stage 1
+    # (1) W and U (and X unless kept), the forward's stage 1
     w = torch.empty(B, H, T, Dk, dtype=mid, device=dev)
     u = torch.empty(B, H, T, Dv, dtype=mid, device=dev)
-    x = torch.empty(B, H, T, C, dtype=f32, device=dev)
-    fwd._wy_kernel[(NT, BH)](k, v, beta, g, w, u, x, T, Dk, Dv, BS=SUB_CHUNK, STORE_X=True,
-                             **mode, **cfg["wy"])
+    kept_x = x is not None
+    x = x.contiguous() if kept_x else torch.empty(B, H, T, C, dtype=f32, device=dev)
+    fwd._wy_kernel[(NT, BH)](k, v, beta, g, w, u, x, T, Dk, Dv, BS=SUB_CHUNK, STORE_X=not kept_x,
+                             LOAD_X=kept_x, **mode, **cfg["wy"])
     if states is None:  # not kept by the forward: its state pass again (fla's choice)
         S0 = torch.zeros(B, H, Dk, Dv, dtype=f32, device=dev)
         if initial_state is not None:

@@ -187,29 +187,13 @@ def _decayed_scores(b_x, b_k, b_Ls, b_R, BC: tl.constexpr, BS: tl.constexpr,
 # Stage 1: WY factors of every chunk (parallel over chunks and heads)
 # ---------------------------------------------------------------------------------------------
 
-@_kernel
-def _wy_kernel(
-    k, v, beta, g,  # inputs: k [BH, T, Dk], v [BH, T, Dv], beta [BH, T], g [BH, T] or [BH, T, Dk]
-    w, u,  # outputs: W [BH, T, Dk], U [BH, T, Dv] (float32, or bfloat16 in the bf16 mode)
-    x,  # output if STORE_X: X = (I + L)⁻¹ [BH, T, C] (float32), for the backward (chapter 21)
-    T, Dk, Dv,
-    BC: tl.constexpr,  # chunk size C (16, 32, 64)
-    BK: tl.constexpr,  # block of Dk columns loaded at a time
-    BV: tl.constexpr,  # block of Dv columns loaded at a time
-    BS: tl.constexpr,  # KDA's sub-chunk (16 tokens, one reference point each)
-    GATE: tl.constexpr,  # 1: one gate per head (Gated DeltaNet), 2: one per key channel (KDA)
-    PRECISION: tl.constexpr,  # tl.dot input_precision of float32 operands: "ieee", "tf32", "tf32x3"
-    BF16: tl.constexpr,  # bfloat16 operands, float32 accumulation (fla's mode)
-    EMULATE: tl.constexpr,  # interpreter: bfloat16 emulated by rounding float32 (runtime.to_operand)
-    STORE_X: tl.constexpr = False,  # also write X (the backward's recomputation)
-):
-    # -- which chunk: program (i_c, i_bh) owns tokens i_c·C … i_c·C + C − 1 of head i_bh ----------
-    i_c = tl.program_id(0)
-    i_bh = tl.cast(tl.program_id(1), tl.int64)  # int64: BH·T·D can pass 2³¹
-    o_i = tl.arange(0, BC)  # position inside the chunk (row index i, column index j)
-    o_t = i_c * BC + o_i  # token index t
-    m_t = o_t < T  # the last chunk may be partial: rows with t ≥ T are padding
-    b_beta = tl.load(beta + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32)  # β   [C]
+@KERNELS.helper
+def _ut_inverse(k, g, b_beta, i_bh, o_t, m_t, T, Dk, BC: tl.constexpr, BK: tl.constexpr,
+                BS: tl.constexpr, GATE: tl.constexpr, PRECISION: tl.constexpr,
+                BF16: tl.constexpr, EMULATE: tl.constexpr):
+    """Stage 1's first half for one chunk: the (decayed) ``K Kᵀ``, ``L = tril(diag(β) K Kᵀ, −1)``
+    and ``X = (I + L)⁻¹`` by forward substitution, ``[C, C]`` float32."""
+    o_i = tl.arange(0, BC)
     if GATE == 1:  # G_i = Σ_{s ≤ i} g_s inside the chunk (padding: g = 0)                 [C]
         b_G = tl.associative_scan(tl.load(g + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32), 0,
                                   tl.standard._sum_combine)
@@ -246,9 +230,45 @@ def _wy_kernel(
         b_a = tl.reduce(tl.where(o_i[:, None] == i, b_N, 0.0), 0, tl.standard._sum_combine)  # −L_i [C]
         b_a = b_a + tl.reduce(b_a[:, None] * b_N, 0, tl.standard._sum_combine)  # −L_i − Σ_j L_ij N_j
         b_N = tl.where(o_i[:, None] == i, b_a[None, :], b_N)  # write row i back
-    b_X = b_N + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)  # X = (I + L)⁻¹ = I + N
-    if STORE_X:
-        tl.store(x + i_bh * T * BC + o_t[:, None] * BC + o_i[None, :], b_X, mask=m_t[:, None])
+    return b_N + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)  # X = (I + L)⁻¹ = I + N
+
+
+@_kernel
+def _wy_kernel(
+    k, v, beta, g,  # inputs: k [BH, T, Dk], v [BH, T, Dv], beta [BH, T], g [BH, T] or [BH, T, Dk]
+    w, u,  # outputs: W [BH, T, Dk], U [BH, T, Dv] (float32, or bfloat16 in the bf16 mode)
+    x,  # X = (I + L)⁻¹ [BH, T, C] (float32): written if STORE_X, read if LOAD_X (chapter 21)
+    T, Dk, Dv,
+    BC: tl.constexpr,  # chunk size C (16, 32, 64)
+    BK: tl.constexpr,  # block of Dk columns loaded at a time
+    BV: tl.constexpr,  # block of Dv columns loaded at a time
+    BS: tl.constexpr,  # KDA's sub-chunk (16 tokens, one reference point each)
+    GATE: tl.constexpr,  # 1: one gate per head (Gated DeltaNet), 2: one per key channel (KDA)
+    PRECISION: tl.constexpr,  # tl.dot input_precision of float32 operands: "ieee", "tf32", "tf32x3"
+    BF16: tl.constexpr,  # bfloat16 operands, float32 accumulation (fla's mode)
+    EMULATE: tl.constexpr,  # interpreter: bfloat16 emulated by rounding float32 (runtime.to_operand)
+    STORE_X: tl.constexpr = False,  # also write X (kept for the backward, chapter 21)
+    LOAD_X: tl.constexpr = False,  # read X instead of solving (the backward's recomputation)
+):
+    # -- which chunk: program (i_c, i_bh) owns tokens i_c·C … i_c·C + C − 1 of head i_bh ----------
+    i_c = tl.program_id(0)
+    i_bh = tl.cast(tl.program_id(1), tl.int64)  # int64: BH·T·D can pass 2³¹
+    o_i = tl.arange(0, BC)  # position inside the chunk (row index i, column index j)
+    o_t = i_c * BC + o_i  # token index t
+    m_t = o_t < T  # the last chunk may be partial: rows with t ≥ T are padding
+    b_beta = tl.load(beta + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32)  # β   [C]
+    if GATE == 1:  # G_i = Σ_{s ≤ i} g_s inside the chunk (padding: g = 0)                 [C]
+        b_G = tl.associative_scan(tl.load(g + i_bh * T + o_t, mask=m_t, other=0.0).to(tl.float32), 0,
+                                  tl.standard._sum_combine)
+
+    if LOAD_X:  # the backward (chapter 21): X kept by the forward, no K Kᵀ and no solve
+        b_X = tl.load(x + i_bh * T * BC + o_t[:, None] * BC + o_i[None, :], mask=m_t[:, None],
+                      other=0.0)
+    else:
+        b_X = _ut_inverse(k, g, b_beta, i_bh, o_t, m_t, T, Dk, BC, BK, BS, GATE, PRECISION, BF16,
+                          EMULATE)
+        if STORE_X:
+            tl.store(x + i_bh * T * BC + o_t[:, None] * BC + o_i[None, :], b_X, mask=m_t[:, None])
     # 𝒯 = X diag(β): scale column j by β_j (float32; rounded once for the products below)
     b_UT = b_X * b_beta[None, :]  # [C, C]
     b_UT = to_operand(b_UT, BF16, EMULATE)
@@ -486,7 +506,7 @@ def _validate(q, k, v, beta, g, chunk_size, initial_state, input_precision, oper
 
 
 def _forward(q, k, v, beta, g, initial_state, chunk_size, input_precision, operands, gate,
-             return_stages=False, config=None):
+             return_stages=False, config=None, keep_x=False):
     """Launch the stages. Inputs already validated. Returns ``(o, S)`` or a dict of all stages.
     ``config`` overrides :func:`launch_config` (for tuning on a GPU)."""
     B, H, T, Dk, Dv = q.shape[0], q.shape[1], q.shape[2], q.shape[3], v.shape[3]
@@ -515,7 +535,9 @@ def _forward(q, k, v, beta, g, initial_state, chunk_size, input_precision, opera
     # stage 1: W, U for every chunk of every head (grid: chunks × heads)
     w = torch.empty(B, H, T, Dk, dtype=mid, device=dev)
     u = torch.empty(B, H, T, Dv, dtype=mid, device=dev)
-    kern._wy_kernel[(NT, BH)](k, v, beta, g, w, u, w, T, Dk, Dv, BS=SUB_CHUNK, **mode, **c1)
+    x = torch.empty(B, H, T, C, dtype=f32, device=dev) if keep_x else w  # X, for the backward
+    kern._wy_kernel[(NT, BH)](k, v, beta, g, w, u, x, T, Dk, Dv, BS=SUB_CHUNK, STORE_X=keep_x,
+                              **mode, **c1)
 
     # stage 2: the state pass (grid: Dv blocks × heads), from S_0 to S_T
     states = torch.empty(B, H, NT, Dk, Dv, dtype=mid, device=dev)
@@ -531,20 +553,24 @@ def _forward(q, k, v, beta, g, initial_state, chunk_size, input_precision, opera
         q, k, g, states, u_new, o, T, Dk, Dv, NT, BS=SUB_CHUNK, **mode, **c3)
     o = o.to(out_dtype)
     if return_stages:
-        return {"w": w, "u": u, "states": states, "u_new": u_new, "o": o, "S": s_final}
+        stages = {"w": w, "u": u, "states": states, "u_new": u_new, "o": o, "S": s_final}
+        if keep_x:
+            stages["x"] = x
+        return stages
     return o, s_final
 
 
 class _ChunkedFunction(torch.autograd.Function):
-    """Forward: the Triton stages, keeping the inputs and the chunk-boundary states ``S_[c]``.
-    Backward: the backward kernels (:func:`tinyk3.kernels.backward.backward`, chapter 21),
-    which recompute ``W``, ``U`` and ``X`` from the inputs and ``U'`` from the kept states."""
+    """Forward: the Triton stages, keeping the inputs, the chunk-boundary states ``S_[c]`` and
+    the inverses ``X`` (as fla keeps its ``A``). Backward: the backward kernels
+    (:func:`tinyk3.kernels.backward.backward`, chapter 21), which recompute ``W`` and ``U`` from
+    ``X`` and ``U'`` from the kept states."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, initial_state, chunk_size, input_precision, operands, gate):
         stages = _forward(q, k, v, beta, g, initial_state, chunk_size, input_precision, operands,
-                          gate, return_stages=True)
-        ctx.save_for_backward(q, k, v, beta, g, initial_state, stages.get("states"))
+                          gate, return_stages=True, keep_x=True)
+        ctx.save_for_backward(q, k, v, beta, g, initial_state, stages.get("states"), stages.get("x"))
         ctx.mode = (chunk_size, input_precision, operands, gate)
         return stages["o"], stages["S"]
 
@@ -552,10 +578,10 @@ class _ChunkedFunction(torch.autograd.Function):
     def backward(ctx, do, dS):
         from . import backward as _backward  # (imports this module)
 
-        q, k, v, beta, g, initial_state, states = ctx.saved_tensors
+        q, k, v, beta, g, initial_state, states, x = ctx.saved_tensors
         C, precision, operands, gate = ctx.mode
         grads = _backward.backward(q, k, v, beta, g, do, dS, gate=gate, chunk_size=C,
-                                   initial_state=initial_state, states=states,
+                                   initial_state=initial_state, states=states, x=x,
                                    input_precision=precision, operands=operands)
         like = (q, k, v, beta, g, initial_state)
         return (*(d.to(t.dtype) if n and t is not None else None
@@ -576,7 +602,7 @@ def chunked(q, k, v, beta, g, *, gate, chunk_size=64, initial_state=None, input_
 
 def forward_stages(q, k, v, beta, g, *, gate, chunk_size=64, initial_state=None,
                    input_precision=None, operands=None, config=None) -> dict[str, torch.Tensor]:
-    """Run the forward stages and return what each one wrote: ``w``, ``u`` (stage 1),
+    """Run the forward stages and return what each one wrote: ``w``, ``u``, ``x`` (stage 1),
     ``states`` ([B, H, T/C, Dk, Dv]) and ``u_new`` (stage 2), ``o`` and the final ``S``. No
     autograd. ``config`` replaces :func:`launch_config`'s tiles and launch options."""
     op = f"kernels.{_NAMES[gate]}.forward_stages"
@@ -585,7 +611,7 @@ def forward_stages(q, k, v, beta, g, *, gate, chunk_size=64, initial_state=None,
                                     operands, gate, op)
     with torch.no_grad():
         return _forward(q, k, v, beta, g, initial_state, chunk_size, precision, operands, gate,
-                        return_stages=True, config=config)
+                        return_stages=True, config=config, keep_x=True)
 
 
 def compile_for_gpu(gate: int, arch: int = 90, *, chunk_size: int = 64, Dk: int = 128,
@@ -611,7 +637,7 @@ def compile_for_gpu(gate: int, arch: int = 90, *, chunk_size: int = 64, Dk: int 
             "EMULATE": False}
     specs = {
         "_wy_kernel": (dict(k=x, v=x, beta=x, g=x, w=m, u=m, x=m, T="i32", Dk="i32", Dv="i32"),
-                       dict(mode, BS=SUB_CHUNK, STORE_X=False), cfg["wy"]),
+                       dict(mode, BS=SUB_CHUNK, STORE_X=False, LOAD_X=False), cfg["wy"]),
         "_state_kernel": (dict(k=x, g=x, w=m, u=m, s0=f32, states=m, u_new=m, s_out=f32,
                                T="i32", Dk="i32", Dv="i32", NT="i32"),
                           dict(mode, HAS_S0=has_initial_state), cfg["state"]),
