@@ -1,0 +1,211 @@
+"""Chapter 21 exercise: the adjoint state pass of the delta rule, as a Triton kernel.
+
+The learner writes the body of a Triton kernel (a plain function; a ``@triton.jit`` one is
+accepted too). ``check_adjoint_kernel`` launches it under the Triton interpreter on the cases
+below and compares with the PyTorch reference (``tinyk3.ops.delta_rule.adjoint_state_pass``)::
+
+    adjoint_kernel(k, w, q, p, do, ds_T, du_new, ds0, T, Dk, Dv, NT, BC, BK, BV)   grid (B·H,)
+    for c = NT − 1 .. 0:   dU'_[c] = P_[c] + K_[c] dS          (stored in du_new)
+                           dS      = dS + Q_[c]ᵀ dO_[c] − W_[c]ᵀ dU'_[c]
+    dS starts at ds_T = ∂L/∂S_T and ends as ∂L/∂S_0 (stored in ds0)
+
+Every tensor sits in the middle of a larger buffer filled with NaN (as in chapter 9's exercise),
+so a load without a mask past the last token reads NaN, and a store without a mask lands in
+the margin of an output, where the launcher sees it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..ops.delta_rule import adjoint_state_pass
+from .core import Case, CheckResult, Exercise, Mistake, register, run, wrap_report
+
+_MARGIN = 4096  # elements of NaN before and after every tensor handed to the learner's kernel
+tl = None  # triton.language, set by check_adjoint_kernel (the solution's body names it)
+
+
+def adjoint_pass(k, w, q, p, do, ds_T, C):
+    """Reference: the adjoint state pass of the delta rule over chunks of ``C`` tokens.
+    ``k, w, q [BH, T, Dk]``, ``p, do [BH, T, Dv]`` (``P = Ωᵀ dO``), ``ds_T [BH, Dk, Dv]``.
+    Returns ``(dU' [BH, T, Dv], dS_0 [BH, Dk, Dv])``."""
+    return _pass(k, w, q, p, do, ds_T, C)
+
+
+def _pass(k, w, q, p, do, ds_T, C, *, forward=False, update_first=False, sign=-1.0,
+          with_q=True, from_zero=False, nan_p_past_T=False):
+    """The adjoint pass with one thing changed: each keyword switches on a typical mistake."""
+    BH, T, Dk = k.shape
+    N, pad = -(-T // C), -T % C
+    kc, wc, qc, pc, doc = (F.pad(x, (0, 0, 0, pad)).view(BH, N, C, -1) for x in (k, w, q, p, do))
+    if nan_p_past_T and pad:  # P loaded without a row mask: the last head's rows t ≥ T are NaN
+        pc = pc.clone()
+        pc[-1, -1, C - pad:] = float("nan")
+    R = qc.mT @ doc if with_q else torch.zeros(BH, N, Dk, do.shape[-1])
+    dS = torch.zeros_like(ds_T) if from_zero else ds_T.clone()
+    if not (forward or update_first or sign != -1.0):
+        du, _, dS0 = adjoint_state_pass(pc, R, wc, kc, dS)
+        return du.reshape(BH, N * C, -1)[:, :T], dS0
+    du = torch.zeros_like(pc)
+    order = range(N) if forward else reversed(range(N))
+    for c in order:
+        if update_first:  # dS updated first, dU'_[c] then formed from dS_[c] (its own update)
+            dS = dS + R[:, c] + sign * wc[:, c].mT @ (pc[:, c] + kc[:, c] @ dS)
+            du[:, c] = pc[:, c] + kc[:, c] @ dS
+            continue
+        du[:, c] = pc[:, c] + kc[:, c] @ dS
+        dS = dS + R[:, c] + sign * wc[:, c].mT @ du[:, c]
+    return du.reshape(BH, N * C, -1)[:, :T], dS
+
+
+def _cases(g: torch.Generator) -> list[Case]:
+    def case(BH, T, Dk, Dv, C, label):
+        def r(*shape):
+            return torch.randn(*shape, generator=g)
+
+        k = F.normalize(r(BH, T, Dk), dim=-1)
+        w = 0.5 * r(BH, T, Dk)
+        args = (k, w, r(BH, T, Dk), r(BH, T, Dv), r(BH, T, Dv), r(BH, Dk, Dv), C)
+        return Case(args, label=f"B·H={BH}, T={T}, Dk={Dk}, Dv={Dv}, C={C}: {label}")
+
+    return [
+        case(1, 16, 16, 16, 16, "one whole chunk"),
+        case(2, 64, 16, 32, 16, "four whole chunks, two heads"),
+        case(2, 37, 16, 16, 16, "the last chunk has 5 tokens"),
+        case(3, 50, 20, 12, 16, "Dk = 20 and Dv = 12 padded to 32 and 16, last chunk partial"),
+        case(2, 70, 32, 24, 32, "C = 32, the last chunk has 6 tokens"),
+    ]
+
+
+def _launch(kernel):
+    """The learner's kernel as a function of a case's arguments, launched under the interpreter
+    with every tensor inside NaN margins; raises (so the check reports it) if it stored outside
+    an output."""
+
+    def launch(k, w, q, p, do, ds_T, C):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        from ..kernels.runtime import tile_size
+
+        BH, T, Dk = k.shape
+        Dv, N = p.shape[-1], -(-T // C)
+        bufs = []
+
+        def placed(x):  # x's values in the middle of a NaN buffer, as a contiguous view
+            buf = torch.full((2 * _MARGIN + x.numel(),), float("nan"))
+            view = buf[_MARGIN:_MARGIN + x.numel()].view(x.shape)
+            view.copy_(x)
+            bufs.append(buf)
+            return view
+
+        ins = [placed(x.float().contiguous()) for x in (k, w, q, p, do, ds_T)]
+        du = placed(torch.full((BH, T, Dv), float("nan")))
+        ds0 = placed(torch.full((BH, Dk, Dv), float("nan")))
+        fn = getattr(kernel, "fn", kernel)  # a @triton.jit function: its Python function
+        try:
+            InterpretedFunction(fn)[(BH,)](*ins, du, ds0, T, Dk, Dv, N, BC=C, BK=tile_size(Dk),
+                                           BV=tile_size(Dv))
+        except Exception as exc:  # the interpreter wraps errors: an unwritten stub stays one
+            if isinstance(exc.__cause__, NotImplementedError):
+                raise NotImplementedError from exc
+            raise
+        outside = sum(int((~torch.isnan(b[:_MARGIN])).sum() + (~torch.isnan(b[-_MARGIN:])).sum())
+                      for b in bufs[-2:])
+        if outside:
+            raise RuntimeError(
+                f"your kernel stored {outside} values outside du_new or ds0: the stores need "
+                "masks (rows t < T and columns d < Dv for dU', rows d < Dk for dS_0), so that "
+                "padded rows and columns are not written")
+        return du.clone(), ds0.clone()
+
+    return launch
+
+
+_EXERCISE = register(Exercise(
+    id="backward.adjoint_kernel",
+    title="the adjoint state pass as a Triton kernel",
+    signature="adjoint_kernel(k, w, q, p, do, ds_T, du_new, ds0, T, Dk, Dv, NT, BC: tl.constexpr, "
+              "BK: tl.constexpr, BV: tl.constexpr), one program per head; checked with "
+              "checks.ch21_kernel_backward.check_adjoint_kernel(adjoint_kernel)",
+    reference=adjoint_pass,
+    make_cases=_cases,
+    chapter=21,
+    atol=1e-4,
+    rtol=1e-4,
+    mistakes=[
+        Mistake("forward_order", lambda *a: _pass(*a, forward=True),
+                "the loop runs forward: the state's gradient flows from the last chunk to the "
+                "first, so visit i_c = NT − 1 − i for i = 0 .. NT − 1."),
+        Mistake("update_before_delta", lambda *a: _pass(*a, update_first=True),
+                "the dU'_[c] you store was formed after dS was updated: it needs dS_[c+1], the "
+                "gradient before this chunk's update. Form dU', store it, and update dS with that "
+                "same dU'."),
+        Mistake("plus_w", lambda *a: _pass(*a, sign=1.0),
+                "U' = U − W S, so dS loses Wᵀ dU': subtract tl.dot(tl.trans(w), du)."),
+        Mistake("no_output_term", lambda *a: _pass(*a, with_q=False),
+                "the outputs O = Q S + … read the state too: add tl.dot(tl.trans(q), do) to dS "
+                "for every chunk."),
+        Mistake("zero_start", lambda *a: _pass(*a, from_zero=True),
+                "dS starts at ds_T, the final state's gradient (the loss may read S_T), not 0."),
+        Mistake("p_without_row_mask", lambda *a: _pass(*a, nan_p_past_T=True),
+                "the padded rows t ≥ T of P are loaded without a mask and read NaN: load P (and "
+                "every [C, D] tile) with mask=m_t[:, None] & m_d[None, :] and other=0.0."),
+    ],
+    hint="b_dS = load ds_T ([BK, BV]); for i in range(NT): i_c = NT − 1 − i, o_t = i_c·BC + o_i; "
+         "load K, W, Q ([BC, BK]), P, dO ([BC, BV]), each masked with other=0.0; "
+         "du = p + tl.dot(k, b_dS); store du (masked); "
+         "b_dS += tl.dot(tl.trans(q), do) − tl.dot(tl.trans(w), du); after the loop store b_dS "
+         "into ds0 (masked). Use input_precision=\"ieee\" in every tl.dot.",
+))
+
+
+def check_adjoint_kernel(kernel, *, verbose: bool = True) -> CheckResult:
+    """Run the learner's adjoint-pass kernel under the Triton interpreter on every case of
+    ``backward.adjoint_kernel`` and report (case, distance, hint), as :func:`tinyk3.checks.run`
+    does. Never raises because of the kernel; without Triton it says how to install it."""
+    from ..kernels import runtime
+
+    if not runtime.AVAILABLE:
+        report = (f"○ {_EXERCISE.id} ({_EXERCISE.title}): not run: it needs Triton "
+                  f"({runtime.REASON}). Install it with `pip install triton` (Linux); the kernel "
+                  "then runs under the Triton interpreter on the CPU.")
+        if verbose:
+            print(wrap_report(report))
+        return CheckResult(_EXERCISE.id, "error", report=report)
+    global tl
+    import triton.language as tl  # noqa: F811 (the module's name for the solution kernel)
+
+    if not callable(kernel):
+        return run(_EXERCISE.id, kernel, verbose=verbose)
+    return run(_EXERCISE.id, _launch(kernel), verbose=verbose)
+
+
+def adjoint_kernel_solution(k, w, q, p, do, ds_T, du_new, ds0, T, Dk, Dv, NT, BC: tl.constexpr,
+                            BK: tl.constexpr, BV: tl.constexpr):
+    """A solution of ``backward.adjoint_kernel`` (what the tests and the chapter check against)."""
+    i_bh = tl.program_id(0)
+    o_i = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_k, m_v = o_k < Dk, o_v < Dv
+    m_kv = m_k[:, None] & m_v[None, :]
+    p_s = i_bh * Dk * Dv + o_k[:, None] * Dv + o_v[None, :]
+    b_dS = tl.load(ds_T + p_s, mask=m_kv, other=0.0)  # dS_[N] = ∂L/∂S_T
+    for i in range(0, NT):
+        i_c = NT - 1 - i  # backward over the chunks
+        o_t = i_c * BC + o_i
+        m_tk = (o_t[:, None] < T) & m_k[None, :]
+        m_tv = (o_t[:, None] < T) & m_v[None, :]
+        p_tk = i_bh * T * Dk + o_t[:, None] * Dk + o_k[None, :]
+        p_tv = i_bh * T * Dv + o_t[:, None] * Dv + o_v[None, :]
+        b_k = tl.load(k + p_tk, mask=m_tk, other=0.0)
+        b_w = tl.load(w + p_tk, mask=m_tk, other=0.0)
+        b_q = tl.load(q + p_tk, mask=m_tk, other=0.0)
+        b_p = tl.load(p + p_tv, mask=m_tv, other=0.0)
+        b_do = tl.load(do + p_tv, mask=m_tv, other=0.0)
+        b_du = b_p + tl.dot(b_k, b_dS, input_precision="ieee")  # dU'_[c] = P + K dS_[c+1]
+        tl.store(du_new + p_tv, b_du, mask=m_tv)
+        b_dS += tl.dot(tl.trans(b_q), b_do, input_precision="ieee")  # + Qᵀ dO
+        b_dS -= tl.dot(tl.trans(b_w), b_du, input_precision="ieee")  # − Wᵀ dU'
+    tl.store(ds0 + p_s, b_dS, mask=m_kv)
