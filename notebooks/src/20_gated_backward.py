@@ -749,7 +749,8 @@ ok = checks.run("backward.gated_token_step", gated_token_step_backward_solution)
 #   $C = 64$, $D = 64$). In a hybrid, much of what is left to keep is the attention layers'
 #   $T \times T$ scores.
 #
-# **Next.** The backward pass as GPU kernels: the stages derived here, in Triton.
+# **Next.** [Chapter 21](21_backward_kernels.ipynb) turns the stages derived here into GPU
+# kernels, in Triton.
 
 # %%
 print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")

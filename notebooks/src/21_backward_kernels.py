@@ -163,7 +163,7 @@ def rel(a, b):
 # | 1 `_wy_kernel` (the forward's) | $W = \mathcal{T} \tilde K$, $U = \mathcal{T} V$ | chunks × heads | $K, V, \beta, g$, kept $X$ | $W, U$ | `recompute_w_u_fwd` |
 # | 2 `_dv_local_kernel` | $P = \Omega^\top \mathrm{d}O$ | $D_v$ blocks × chunks × heads | $Q, K, g, \mathrm{d}O$ | $P$ | `chunk_bwd_dv_local` |
 # | 3 `_adjoint_kernel` | $U'$; $\mathrm{d}U'$; $\mathrm{d}S_{[c]}$, backward over chunks | $D_v$ blocks × heads | $W, U, S_{[c]}, P, Q, K, g, \mathrm{d}O$ | $U'$, $\mathrm{d}U'$, $\mathrm{d}S_{[c+1]}$, $\mathrm{d}S_0$ | `chunk_gated_delta_rule_bwd_dhu` |
-# | 4 `_ut_backward_kernel` | $\mathrm{d}\mathcal{T}$, the UT backward, $\mathrm{d}V$ | chunks × heads | $K, V, \beta, g, X, S_{[c]}, \mathrm{d}U'$ | $G_m$, $\mathrm{d}\beta$ (diagonal part), $\mathrm{d}V$ | `prepare_wy_bwd` |
+# | 4 `_ut_backward_kernel` | $\mathrm{d}\mathcal{T}$, the UT backward, $\mathrm{d}V$ | chunks × heads | $K, V, \beta, g, X, S_{[c]}, \mathrm{d}U'$ | $G_m$, $\mathrm{d}\beta$ (diagonal part), $\mathrm{d}V$ | `prepare_wy_repr_bwd` |
 # | 5 `_dqk_kernel` | $\mathrm{d}Q$, $\mathrm{d}K$, $\mathrm{d}\beta$, $\mathrm{d}g$ | $D_k$ blocks × chunks × heads | everything above | $\mathrm{d}Q, \mathrm{d}K, \mathrm{d}\beta, \mathrm{d}g$ | `chunk_bwd_dqkwg`, `chunk_local_cumsum` |
 #
 # Only launch 3 is sequential, for the reason the forward's state pass is: $\mathrm{d}S_{[c]}$
@@ -345,7 +345,7 @@ if SMOKE:
     CASES = [((1, 1, 37, 16, 16), 16, False), ((1, 1, 40, 16, 16), 32, True)]
 worst = {"float32": 0.0, "bfloat16": 0.0}
 if kernels.AVAILABLE:
-    print(f"{'rule':17s}{'B, H, T, Dk, Dv':>18s}{'C':>4s}  {'gates':8s}"
+    print(f"{'rule':17s}{'B, H, T, Dk, Dv':>20s}{'C':>4s}  {'gates':8s}"
           f"{'float32':>9s}{'bf16':>9s}   worst gradient (bf16)")
     for rule in RULES:
         for shape, C, stress in CASES:
@@ -364,7 +364,7 @@ if kernels.AVAILABLE:
             gates = ("-5/step" if stress else "none" if rule == "delta_rule"
                      else "[-1, 0]")
             name = max(errs["bfloat16"], key=errs["bfloat16"].get)
-            print(f"{rule:17s}{str(shape):>18s}{C:4d}  {gates:8s}{f32:9.1e}{b16:9.1e}"
+            print(f"{rule:17s}{str(shape):>20s}{C:4d}  {gates:8s}{f32:9.1e}{b16:9.1e}"
                   f"   {name}")
     print(f"largest: float32 {worst['float32']:.1e} (the tests' bound: 1e-5), "
           f"bf16 {worst['bfloat16']:.1e} (the tests' bound: 3e-2)")
@@ -420,8 +420,9 @@ elif kernels.AVAILABLE:
 # A thread has at most 255 registers. On the H100 the kernels of the delta rule and Gated
 # DeltaNet fit at these tiles; KDA's adjoint pass spills a little (it holds four
 # $C \times D_k$ float32 tiles next to the state's gradient: $W$, $\rho \odot K$,
-# $\gamma \odot Q$ and the gates). On the A100 more spills, above all in launch 4 (the UT
-# transform's backward), which holds several $C \times C$ float32 tiles ($X$,
+# $\gamma \odot Q$ and the gates). On the A100 KDA's kernels spill more, above all launch 4
+# (the UT transform's backward; the stored record in `benchmarks/` shows the same for the
+# other two rules), which holds several $C \times C$ float32 tiles ($X$,
 # $\mathcal{T}$, $\mathrm{d}\mathcal{T}$, $X^\top \mathrm{d}\mathcal{T}$, $G_m$): the A100's
 # tensor cores take both operands of a product from registers, the H100's from shared memory.
 # The tiles were chosen from such reports for both targets (one-off sweeps of tile sizes and
@@ -563,7 +564,8 @@ if kernels.AVAILABLE:
 # kernels keep the states and the inverses $X$, twice as much at $C = D = 64$ (the states are
 # $D^2 / C = 64$ numbers per token and head, the inverses $C = 64$), and still a small fraction
 # of what autograd keeps, which holds every chunk's intermediates. At $D = 128$ the states are
-# four times the inverses, and the kernels' extra share falls to a quarter.
+# four times the inverses ($D^2 / C = 256$ numbers per token against $C = 64$), and the
+# kernels' extra share falls to a quarter.
 #
 # ## Exercise
 #
@@ -667,7 +669,9 @@ if kernels.AVAILABLE:
 #   the A100 the UT transform's backward spills. Whether that costs time, and how the kernels
 #   compare with fla's, is what `tools/gpu_check_kernels.py` measures on a GPU.
 #
-# **Next.** The Japanese edition of the course, and the measurements on a GPU.
+# **Next.** The course ends here. The [where to go next](../book/next.md) page lists what it
+# leaves out (among them fla's tuned backward kernels, for the times these kernels have yet to
+# be compared with on a GPU).
 
 # %%
 print(f"This notebook ran in {time.perf_counter() - NOTEBOOK_START:.0f} s.")

@@ -43,10 +43,10 @@ sub-chunk as in the forward). Five launches:
    ``chunk_gated_delta_rule_bwd_dhu``.)
 4. :func:`_ut_backward_kernel`, parallel over chunks and heads: ``d𝒯`` (a reduction over Dk and
    Dv: one program holds the whole ``C × C``), the UT transform's backward (``Gm``, the diagonal
-   part of ``dβ``) and ``dV``. (fla: ``prepare_wy_bwd``.)
+   part of ``dβ``) and ``dV``. (fla: ``prepare_wy_repr_bwd``.)
 5. :func:`_dqk_kernel`, parallel over Dk blocks, chunks and heads: ``dQ``, ``dK``, the rest of
    ``dβ`` and the gate's gradient, with the reverse cumulative sum inside the chunk. (fla:
-   ``chunk_bwd_dqkwg`` and the rest of ``prepare_wy_bwd``, then ``chunk_local_cumsum``.)
+   ``chunk_bwd_dqkwg`` and the rest of ``prepare_wy_repr_bwd``, then ``chunk_local_cumsum``.)
    Gated DeltaNet's gate and ``β`` are sums over Dk: each Dk block writes its partial sum and
    the host adds the blocks (as fla sums its blocks' ``dg``).
 
