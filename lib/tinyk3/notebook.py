@@ -110,11 +110,17 @@ def source_diff(old, new, old_name: str, new_name: str) -> str:
     ``+`` lines ``new``'s, unchanged lines left out, after a count of each.
 
     The chapters use it to show what a new rule changes in an older one (chapter 10's chunk
-    step against chapter 8's, the gated kernels against chapter 9's)."""
+    step against chapter 8's, the gated kernels against chapter 9's). ``old`` or ``new`` may be
+    a tuple of functions, whose sources are read one after the other (a kernel and the helper
+    it moved part of its body into)."""
     import difflib
     import inspect
 
-    a, b = (inspect.getsource(f).splitlines() for f in (old, new))
+    def source(f):
+        parts = f if isinstance(f, tuple) else (f,)
+        return [line for part in parts for line in inspect.getsource(part).splitlines()]
+
+    a, b = source(old), source(new)
     lines = list(difflib.unified_diff(a, b, old_name, new_name, n=0, lineterm=""))
     body = [x for x in lines[2:] if not x.startswith("@@")]
     plus = sum(x.startswith("+") for x in body)

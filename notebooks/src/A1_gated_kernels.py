@@ -96,23 +96,29 @@ from tinyk3.util import max_diff
 # products. Neither has been timed on a GPU yet (`tools/gpu_check_kernels.py` holds the check).
 
 # %%
-def kernel_diff(name):
-    """What the gated kernel changes in one of chapter 9's stages."""
-    print(source_diff(getattr(kernel9, name), getattr(kernel_gated, name),
+def kernel_diff(name, helper=None):
+    """What the gated kernel changes in one of chapter 9's stages (with the helper it moved
+    part of chapter 9's body into, read first)."""
+    new = getattr(kernel_gated, name)
+    print(source_diff(getattr(kernel9, name), new if helper is None else (helper, new),
                       f"chapter 9 {name}", f"gated {name}"))
 
 
-kernel_diff("_wy_kernel")
+kernel_diff("_wy_kernel", kernel_gated._ut_inverse)
 
 # %% [markdown]
-# **Stage 1, the WY factors.** The triangular solve for $\mathcal{T}$ is untouched: the gate changes
-# only the matrix it solves and the keys $W$ is made of. Gated DeltaNet forms $K K^\top$ as before
+# **Stage 1, the WY factors.** The gated kernel keeps $KK^\top$ and the triangular solve in a
+# helper, `_ut_inverse` (read first above), so that the backward of chapter 21 can run this
+# stage from the inverse $X$ the forward kept (`LOAD_X`) instead of solving again. The solve
+# for $\mathcal{T}$ is untouched: the gate changes only the matrix it solves and the keys $W$
+# is made of. Gated DeltaNet forms $K K^\top$ as before
 # and multiplies it by $\Gamma$, with the exponent set to $-\infty$ above the diagonal before the
 # `exp` (chapter 10's `decay_mask`); then $W = \mathcal{T} \operatorname{diag}(\gamma) K$. KDA
 # cannot multiply afterwards, because its decay sits inside the sum over channels: for each
 # reference point $r_a$ the kernel multiplies the rows of sub-chunk $a$, scaled by $e^{L_i}$,
 # with the columns of sub-chunks $b \le a$, scaled by $e^{r_a - r_b - L_j}$, and adds the
-# products: chapter 11's `kda.pair_scores`, as `tl.dot`s. The gates of each chunk are summed inside the
+# products: chapter 11's `kda.pair_scores`, as `tl.dot`s (the helper `_decayed_scores`, which
+# stage 3 and chapter 21's backward share). The gates of each chunk are summed inside the
 # kernel (`tl.associative_scan`), so only $g$ itself is read from memory.
 
 # %%
