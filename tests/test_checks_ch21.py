@@ -11,8 +11,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
-from helpers import flat
+from helpers import flat, right, wrong
 from tinyk3 import checks
 from tinyk3.checks import ch21_kernel_backward as ck
 from tinyk3.kernels import AVAILABLE as TRITON
@@ -158,3 +159,74 @@ def test_adjoint_kernel_check_without_triton_says_how_to_install():
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "needs Triton" in flat(proc.stdout) and "pip install triton" in flat(proc.stdout)
+
+
+# -- backward.launch_grids: plain Python, no Triton needed ------------------------------------
+
+
+@wrong("backward.launch_grids", "adjoint_with_chunk_axis")
+def grids_like_the_others(B, H, T, Dk, Dv, C, cfg):
+    """Gives every launch a chunk axis, the sequential one too."""
+    NT = -(-T // C)
+    return ((NT, B * H), (-(-Dv // cfg["dv_local"]["BV"]), NT, B * H),
+            (-(-Dv // cfg["adjoint"]["BV"]), NT, B * H), (NT, B * H),
+            (-(-Dk // cfg["dqk"]["BK"]), NT, B * H))
+
+
+@wrong("backward.launch_grids", "floor_chunks")
+def grids_floor(B, H, T, Dk, Dv, C, cfg):
+    """Counts whole chunks only."""
+    NT = T // C
+    return ((NT, B * H), (-(-Dv // cfg["dv_local"]["BV"]), NT, B * H),
+            (-(-Dv // cfg["adjoint"]["BV"]), B * H), (NT, B * H),
+            (-(-Dk // cfg["dqk"]["BK"]), NT, B * H))
+
+
+@wrong("backward.launch_grids", "dqk_over_dv")
+def grids_dqk_by_value_blocks(B, H, T, Dk, Dv, C, cfg):
+    """Splits launch 5 over the value dimension, as launches 2 and 3 are."""
+    NT = -(-T // C)
+    return ((NT, B * H), (-(-Dv // cfg["dv_local"]["BV"]), NT, B * H),
+            (-(-Dv // cfg["adjoint"]["BV"]), B * H), (NT, B * H),
+            (-(-Dv // cfg["dqk"]["BV"]), NT, B * H))
+
+
+@right("backward.launch_grids")
+def grids_with_math_ceil(B, H, T, Dk, Dv, C, cfg):
+    import math
+
+    NT, BH = math.ceil(T / C), B * H
+    return ((NT, BH), (math.ceil(Dv / cfg["dv_local"]["BV"]), NT, BH),
+            (math.ceil(Dv / cfg["adjoint"]["BV"]), BH), (NT, BH),
+            (math.ceil(Dk / cfg["dqk"]["BK"]), NT, BH))
+
+
+@needs_triton
+def test_launch_grids_reference_is_what_the_backward_launches(monkeypatch):
+    """The exercise's reference is the kernels' own grids: record every launch of one backward
+    call and compare."""
+    from tinyk3.kernels import backward as kb
+    from tinyk3.kernels import gated
+
+    grids = []
+    for ns in (kb.KERNELS.get(True), gated.KERNELS.get(True)):
+        for name in ("_wy_kernel", "_dv_local_kernel", "_adjoint_kernel", "_ut_backward_kernel",
+                     "_dqk_kernel"):
+            if hasattr(ns, name):
+                real = getattr(ns, name)
+
+                class Recorder:
+                    def __init__(self, real=real):
+                        self.real = real
+
+                    def __getitem__(self, grid):
+                        grids.append(tuple(grid))
+                        return self.real[grid]
+
+                monkeypatch.setattr(ns, name, Recorder())
+    B, H, T, Dk, Dv, C = 1, 2, 45, 40, 24, 16
+    x = [torch.randn(B, H, T, D) for D in (Dk, Dk, Dv)]
+    beta, g = torch.rand(B, H, T), -torch.rand(B, H, T, Dk)
+    kb.backward(*x, beta, g, torch.randn(B, H, T, Dv), None, gate=2, chunk_size=C)
+    cfg = kb.launch_config(C, Dk, Dv, 2)
+    assert tuple(grids) == ck.launch_grids(B, H, T, Dk, Dv, C, cfg)

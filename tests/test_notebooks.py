@@ -158,6 +158,9 @@ def test_exercises_have_stub_check_and_folded_solution(path):
         calls += [("kernel.output_stage", fn)
                   for fn in re.findall(r'check_output_kernel\(([\w.]+)\)', cell.source)
                   if fn.endswith(("_mine", "_solution"))]
+        calls += [("backward.adjoint_kernel", fn)  # chapter 21's, the same way
+                  for fn in re.findall(r'check_adjoint_kernel\(([\w.]+)\)', cell.source)
+                  if fn.endswith(("_mine", "_solution"))]
         for ex_id, fn in calls:
             assert ex_id in checks.EXERCISES, f"{ex_id} is not registered in tinyk3.checks"
             if fn.endswith("_mine"):

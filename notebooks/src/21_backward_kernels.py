@@ -34,8 +34,8 @@
 # in float64 under the Triton interpreter, in both precision modes and at the lower-bound gate;
 # compile the kernels for two GPUs without one and read what ptxas reports; train a tiny
 # Kimi K3-shaped model through the kernels and through the PyTorch backward and compare the
-# losses; measure the bytes each backward keeps against the sequence length; and complete the
-# adjoint pass yourself, in Triton.
+# losses; measure the bytes each backward keeps against the sequence length; and work out the
+# grid of every launch and complete the adjoint pass yourself, in Triton.
 #
 # **Cost.** About two minutes on one CPU core (the last cell prints the time): the kernels run
 # under the Triton interpreter, which executes every program instance in Python. `SMOKE = True`
@@ -486,7 +486,7 @@ if kernels.AVAILABLE:
     gap = max(abs(a - b) / b for a, b in zip(losses["triton"], losses["chunked"]))
     print(f"largest relative difference of the losses: {gap:.1e}")
 
-# %%
+# %% mystnb={"figure": {"caption": "The training loss of the tiny K3-shaped model at every step, trained once through the Triton kernels under the interpreter (crosses) and once through the PyTorch form with the derived backward (circles), from the same weights on the same batches.", "name": "fig-kernels-train"}, "image": {"alt": "A line plot of training loss against step, falling from about 5.55 nats. Two series, circles for the PyTorch backward and crosses for the Triton kernels, lie on top of each other at every step."}}
 if losses:
     fig, ax = plt.subplots(figsize=(6, 3.2))
     steps = range(1, TRAIN_STEPS + 1)
@@ -534,7 +534,7 @@ print(f"{'T':>6s}" + "".join(f"{name:>36s}" for name in kept))
 for i, T in enumerate(BYTES_TS):
     print(f"{T:6d}" + "".join(f"{kept[name][i] / MIB:33.2f} MiB" for name in kept))
 
-# %%
+# %% mystnb={"figure": {"caption": "What one KDA call keeps for its backward beyond its inputs, against the sequence length, at B = 1, H = 2, D = 64, C = 64, float32: autograd through the PyTorch form, the PyTorch form with the derived backward (the chunk states), and the Triton kernels (the chunk states and the inverses X). Both axes are logarithmic.", "name": "fig-kernels-kept-bytes"}, "image": {"alt": "A log-log plot of mebibytes kept against sequence length. Three parallel straight lines: autograd's highest, the Triton kernels' about a tenth of it, the derived backward's half of the kernels'."}}
 fig, ax = plt.subplots(figsize=(6, 3.2))
 for (name, values), marker in zip(kept.items(), "os^"):
     ax.plot(BYTES_TS, [b / MIB for b in values], marker + "-", label=name)
@@ -567,7 +567,52 @@ if kernels.AVAILABLE:
 # four times the inverses ($D^2 / C = 256$ numbers per token against $C = 64$), and the
 # kernels' extra share falls to a quarter.
 #
-# ## Exercise
+# ## Exercises
+#
+# ```{exercise} The grids of the backward launches
+# :label: ex-backward-launch-grids
+#
+# Write `launch_grids(B, H, T, Dk, Dv, C, cfg)`: the grid of each of the five backward
+# launches, in launch order `(wy, dv_local, adjoint, ut_backward, dqk)`, for $B \cdot H$ heads
+# of $T$ tokens in chunks of $C$, each grid a tuple of ints with the program axes in the order
+# the kernels read them (`program_id(0)` first). `cfg` maps each launch's name to its tiles,
+# `{"BK": ..., "BV": ...}`, as `kb.launch_config` returns them. The table at the top of the
+# chapter has what each launch splits; the check's messages are in English.
+# ```
+
+# %%
+def launch_grids_mine(B, H, T, Dk, Dv, C, cfg):
+    # your code here
+    raise NotImplementedError
+
+
+# %% tags=["nbval-check-output"]
+ok = checks.run("backward.launch_grids", launch_grids_mine)
+
+# %% [markdown]
+# ```{solution-start} ex-backward-launch-grids
+# :class: dropdown
+# ```
+
+# %%
+def launch_grids_solution(B, H, T, Dk, Dv, C, cfg):
+    NT, BH = -(-T // C), B * H  # a partial last chunk still needs its programs
+
+    def blocks(D, stage, tile):
+        return -(-D // cfg[stage][tile])
+
+    return ((NT, BH),  # 1: one program per chunk
+            (blocks(Dv, "dv_local", "BV"), NT, BH),  # 2: P has Dv columns
+            (blocks(Dv, "adjoint", "BV"), BH),  # 3: sequential, no chunk axis
+            (NT, BH),  # 4: dT sums over all of Dk and Dv
+            (blocks(Dk, "dqk", "BK"), NT, BH))  # 5: blocks of Dk columns
+
+
+ok = checks.run("backward.launch_grids", launch_grids_solution)
+
+# %% [markdown]
+# ```{solution-end}
+# ```
 #
 # ```{exercise} The adjoint state pass, in Triton
 # :label: ex-backward-adjoint-kernel

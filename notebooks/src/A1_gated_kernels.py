@@ -97,8 +97,8 @@ from tinyk3.util import max_diff
 
 # %%
 def kernel_diff(name, helper=None):
-    """What the gated kernel changes in one of chapter 9's stages (with the helper it moved
-    part of chapter 9's body into, read first)."""
+    """What the gated kernel changes in one of chapter 9's stages (with the helper it
+    moved part of chapter 9's body into, read first)."""
     new = getattr(kernel_gated, name)
     print(source_diff(getattr(kernel9, name), new if helper is None else (helper, new),
                       f"chapter 9 {name}", f"gated {name}"))

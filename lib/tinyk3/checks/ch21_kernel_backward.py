@@ -1,4 +1,5 @@
-"""Chapter 21 exercise: the adjoint state pass of the delta rule, as a Triton kernel.
+"""Chapter 21 exercises: the grids of the five backward launches, and the adjoint state pass
+of the delta rule as a Triton kernel.
 
 The learner writes the body of a Triton kernel (a plain function; a ``@triton.jit`` one is
 accepted too). ``check_adjoint_kernel`` launches it under the Triton interpreter on the cases
@@ -209,3 +210,82 @@ def adjoint_kernel_solution(k, w, q, p, do, ds_T, du_new, ds0, T, Dk, Dv, NT, BC
         b_dS += tl.dot(tl.trans(b_q), b_do, input_precision="ieee")  # + Qᵀ dO
         b_dS -= tl.dot(tl.trans(b_w), b_du, input_precision="ieee")  # − Wᵀ dU'
     tl.store(ds0 + p_s, b_dS, mask=m_kv)
+
+
+# -- backward.launch_grids ---------------------------------------------------------------------
+
+
+def launch_grids(B, H, T, Dk, Dv, C, cfg):
+    """Reference: the grid of each backward launch (chapter 21's table), in launch order
+    ``(wy, dv_local, adjoint, ut_backward, dqk)``, for ``B·H`` heads of ``T`` tokens in chunks of
+    ``C`` and the tiles ``cfg = {stage: {"BK": ..., "BV": ...}}``. Each grid is a tuple of ints,
+    the program axes in the order the kernels read them (``program_id(0)`` first)."""
+    return _grids(B, H, T, Dk, Dv, C, cfg)
+
+
+def _grids(B, H, T, Dk, Dv, C, cfg, *, floor=False, adjoint_chunks=False, dqk_over="Dk",
+           dv_over="Dv", ut_blocks=False):
+    NT = T // C if floor else -(-T // C)
+    BH = B * H
+
+    def blocks(D, tile):
+        return -(-D // tile)
+
+    dv_tile = cfg["dv_local"]["BV"] if dv_over == "Dv" else cfg["dv_local"]["BK"]
+    dv = (blocks(Dv if dv_over == "Dv" else Dk, dv_tile), NT, BH)
+    adjoint = ((blocks(Dv, cfg["adjoint"]["BV"]), NT, BH) if adjoint_chunks
+               else (blocks(Dv, cfg["adjoint"]["BV"]), BH))
+    ut = (blocks(Dv, cfg["ut_backward"]["BV"]), NT, BH) if ut_blocks else (NT, BH)
+    dqk_dim, dqk_tile = (Dk, cfg["dqk"]["BK"]) if dqk_over == "Dk" else (Dv, cfg["dqk"]["BV"])
+    return ((NT, BH), dv, adjoint, ut, (blocks(dqk_dim, dqk_tile), NT, BH))
+
+
+def _grid_cases(g: torch.Generator) -> list[Case]:
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    def case(B, H, T, Dk, Dv, C, label):
+        cfg = {stage: {"BK": pick((16, 32, 64)), "BV": pick((16, 32, 64))}
+               for stage in ("wy", "dv_local", "adjoint", "ut_backward", "dqk")}
+        cfg["adjoint"]["BK"] = 1 << max(4, (Dk - 1).bit_length())  # all of Dk
+        return Case((B, H, T, Dk, Dv, C, cfg),
+                    label=f"B={B}, H={H}, T={T}, Dk={Dk}, Dv={Dv}, C={C}: {label}")
+
+    return [
+        case(1, 1, 128, 64, 64, 64, "two whole chunks"),
+        case(2, 4, 100, 128, 96, 64, "the last chunk has 36 tokens"),
+        case(1, 8, 4096, 128, 128, 64, "a long sequence"),
+        case(3, 2, 37, 20, 12, 16, "small heads, the last chunk has 5 tokens"),
+        case(1, 16, 1000, 192, 128, 32, "Dk > Dv"),
+    ]
+
+
+register(Exercise(
+    id="backward.launch_grids",
+    title="the grids of the five backward launches",
+    signature="launch_grids(B, H, T, Dk, Dv, C, cfg) -> (wy, dv_local, adjoint, ut_backward, "
+              "dqk), each a tuple of ints",
+    reference=launch_grids,
+    make_cases=_grid_cases,
+    chapter=21,
+    mistakes=[
+        Mistake("adjoint_with_chunk_axis", lambda *a: _grids(*a, adjoint_chunks=True),
+                "the adjoint pass is the sequential launch: one program loops over all the chunks "
+                "of its head, so its grid has no chunk axis: (Dv blocks, B·H)."),
+        Mistake("floor_chunks", lambda *a: _grids(*a, floor=True),
+                "a partial last chunk still needs its programs: the number of chunks is "
+                "⌈T / C⌉, (T + C − 1) // C, not T // C."),
+        Mistake("dqk_over_dv", lambda *a: _grids(*a, dqk_over="Dv"),
+                "launch 5 splits the key dimension: each program forms a block of Dk columns of "
+                "dQ and dK (and KDA's dg), so its first axis is ⌈Dk / BK⌉ with the dqk tiles."),
+        Mistake("dv_local_over_dk", lambda *a: _grids(*a, dv_over="Dk"),
+                "P = Ωᵀ dO has Dv columns, like dO: launch 2's first axis is ⌈Dv / BV⌉."),
+        Mistake("ut_backward_blocks", lambda *a: _grids(*a, ut_blocks=True),
+                "d𝒯 = dW K̃ᵀ + dU' Vᵀ is a C × C matrix summed over all of Dk and Dv, so one "
+                "program holds a whole chunk: launch 4's grid is (chunks, B·H)."),
+    ],
+    hint="NT = ⌈T / C⌉ and BH = B·H. The two parallel per-chunk launches without column blocks "
+         "(wy, ut_backward) are (NT, BH); launch 2 splits Dv: (⌈Dv / BV⌉, NT, BH); the adjoint "
+         "pass loops over chunks: (⌈Dv / BV⌉, BH); launch 5 splits Dk: (⌈Dk / BK⌉, NT, BH), each "
+         "with its own stage's tiles from cfg.",
+))
