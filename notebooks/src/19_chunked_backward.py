@@ -416,8 +416,9 @@ tinyk3.notebook.show_source(chunks.with_derived_backward)
 
 # %% [markdown]
 # **What to keep is a choice.** fla's `chunk_delta_rule` (the kernels behind
-# `fla.layers.DeltaNet`) makes the other one. Its forward keeps the UT matrices $\mathcal{T}$
-# (its `A`, $C$ numbers per token), and its backward recomputes the boundary states by running
+# `fla.layers.DeltaNet`) makes the other one. Its forward keeps the UT matrices (its `A`,
+# $\mathcal{T}$ without the $\operatorname{diag}(\beta)$, $C$ numbers per token), and its
+# backward recomputes the boundary states by running
 # the forward's state pass again. This course keeps the boundary states and recomputes
 # $\mathcal{T}$. At $C = D$ both keep $T \cdot D$ numbers per head, and fla's choice costs a
 # second sequential pass. Its backward has the same stages, in kernels:

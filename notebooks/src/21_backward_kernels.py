@@ -37,7 +37,7 @@
 # losses; measure the bytes each backward keeps against the sequence length; and work out the
 # grid of every launch and complete the adjoint pass yourself, in Triton.
 #
-# **Cost.** About two minutes on one CPU core (the last cell prints the time): the kernels run
+# **Cost.** About a minute on one CPU core (the last cell prints the time): the kernels run
 # under the Triton interpreter, which executes every program instance in Python. `SMOKE = True`
 # runs in a fraction of that. Without Triton the kernel cells say so and move on.
 
@@ -162,25 +162,36 @@ def rel(a, b):
 # |---|---|---|---|---|---|
 # | 1 `_wy_kernel` (the forward's) | $W = \mathcal{T} \tilde K$, $U = \mathcal{T} V$ | chunks × heads | $K, V, \beta, g$, kept $X$ | $W, U$ | `recompute_w_u_fwd` |
 # | 2 `_dv_local_kernel` | $P = \Omega^\top \mathrm{d}O$ | $D_v$ blocks × chunks × heads | $Q, K, g, \mathrm{d}O$ | $P$ | `chunk_bwd_dv_local` |
-# | 3 `_adjoint_kernel` | $U'$; $\mathrm{d}U'$; $\mathrm{d}S_{[c]}$, backward over chunks | $D_v$ blocks × heads | $W, U, S_{[c]}, P, Q, K, g, \mathrm{d}O$ | $U'$, $\mathrm{d}U'$, $\mathrm{d}S_{[c+1]}$, $\mathrm{d}S_0$ | `chunk_gated_delta_rule_bwd_dhu` |
-# | 4 `_ut_backward_kernel` | $\mathrm{d}\mathcal{T}$, the UT backward, $\mathrm{d}V$ | chunks × heads | $K, V, \beta, g, X, S_{[c]}, \mathrm{d}U'$ | $G_m$, $\mathrm{d}\beta$ (diagonal part), $\mathrm{d}V$ | `prepare_wy_repr_bwd` |
-# | 5 `_dqk_kernel` | $\mathrm{d}Q$, $\mathrm{d}K$, $\mathrm{d}\beta$, $\mathrm{d}g$ | $D_k$ blocks × chunks × heads | everything above | $\mathrm{d}Q, \mathrm{d}K, \mathrm{d}\beta, \mathrm{d}g$ | `chunk_bwd_dqkwg`, `chunk_local_cumsum` |
+# | 3 `_adjoint_kernel` | $U'$; $\mathrm{d}U'$; $\mathrm{d}S_{[c]}$, backward over chunks | $D_v$ blocks × heads | $W, U, S_{[c]}, P, Q, K, g, \mathrm{d}O$, $\partial \mathcal{L} / \partial S_T$ | $U'$, $\mathrm{d}U'$, $\mathrm{d}S_{[c+1]}$, $\mathrm{d}S_0$ | `chunk_gated_delta_rule_bwd_dhu` |
+# | 4 `_ut_backward_kernel` | $\mathrm{d}\mathcal{T}$, the UT backward, $\mathrm{d}V$ | chunks × heads | $K, V, \beta, g, X, S_{[c]}, \mathrm{d}U'$ | $G_m$, $\mathrm{d}\beta$ (diagonal part), $\mathrm{d}V$ | part of `prepare_wy_repr_bwd` |
+# | 5 `_dqk_kernel` | $\mathrm{d}Q$, $\mathrm{d}K$, $\mathrm{d}\beta$, $\mathrm{d}g$ | $D_k$ blocks × chunks × heads | $Q, K, \beta, g, \mathrm{d}O, X, G_m, S_{[c]}, U', \mathrm{d}U', \mathrm{d}S_{[c+1]}$ | $\mathrm{d}Q, \mathrm{d}K, \mathrm{d}\beta, \mathrm{d}g$ | `chunk_bwd_dqkwg`, the rest of `prepare_wy_repr_bwd`, `chunk_local_cumsum` |
+#
+# Here $\tilde K = \gamma \odot K$ are the keys $W$ is made of and $\bar K = \rho \odot K$ the
+# keys written into the next state (chapter 20), $\tilde Q = \gamma \odot Q$, and
+# $G_m = \operatorname{tril}(-X^\top \mathrm{d}\mathcal{T}\, \mathcal{T}^\top, -1)$ is chapter
+# 19's gradient through the inverse (called $G$ there; here $G$ is the gates' running sum), with
+# $\mathrm{d}A = \operatorname{diag}(\beta)\, G_m$. The fla names are those of its delta-rule and
+# Gated DeltaNet backward (`chunk_kda` has `chunk_kda_bwd_*` kernels of its own, with the same
+# stages).
 #
 # Only launch 3 is sequential, for the reason the forward's state pass is: $\mathrm{d}S_{[c]}$
 # needs $\mathrm{d}S_{[c+1]}$, so the state's gradient flows from the last chunk to the first
 # as the state flows from the first to the last. Like the forward's state pass, it splits a
 # head's $D_v$ columns over programs, because the columns of $\mathrm{d}S$ evolve independently.
-# It does as little as it can: two products with the state's gradient per chunk
-# ($\tilde K\, \mathrm{d}S$ and $W^\top \mathrm{d}U'$) plus $\tilde Q^\top \mathrm{d}O$ and the
-# recomputed $U' = U - W S_{[c]}$. Everything that can wait for $\mathrm{d}U'$ and
+# Its loop holds the two products with the state's gradient per chunk
+# ($\bar K\, \mathrm{d}S$ and $W^\top \mathrm{d}U'$), and forms $\tilde Q^\top \mathrm{d}O$ and
+# the recomputed $U' = U - W S_{[c]}$ in place, which do not depend on it (chapter 19 formed
+# $Q^\top \mathrm{d}O$ for every chunk beforehand; here that would be one more $D_k \times D_v$
+# tile per chunk through memory). Everything that can wait for $\mathrm{d}U'$ and
 # $\mathrm{d}S_{[c+1]}$ to be known runs after it on the wide grids of launches 4 and 5.
 #
 # Launch 4 needs all of $D_k$ and $D_v$ at once: $\mathrm{d}\mathcal{T} = \mathrm{d}W \tilde
 # K^\top + \mathrm{d}U' V^\top$ is a $C \times C$ matrix summed over both, so one program holds
 # a whole chunk. Launch 5 splits $D_k$ into blocks: every gradient it forms is a row of $D_k$
-# numbers per token, and KDA's gate gradient is one per channel. Gated DeltaNet's gate and
-# $\beta$ are sums over $D_k$, so each block writes its partial sum and the host adds the
-# blocks, as fla does with its `dg`. That sum is the only arithmetic outside the kernels.
+# numbers per token, and KDA's gate gradient is one per channel. $\mathrm{d}\beta$ (every rule)
+# and Gated DeltaNet's $\mathrm{d}g$ are sums over $D_k$, so each block writes its partial sum,
+# and the host adds the blocks and launch 4's diagonal part of $\mathrm{d}\beta$, as fla adds
+# its blocks' `dg`. Those sums are the only arithmetic outside the kernels.
 #
 # The tiles of each launch for the largest heads (C = 64, D = 128):
 
@@ -220,19 +231,19 @@ if kernels.AVAILABLE:
 #
 # $$
 # U'_{[c]} = U_{[c]} - W_{[c]} S_{[c]}, \qquad
-# S_{[c+1]} = \gamma_C \odot S_{[c]} + \tilde K_{[c]}^\top U'_{[c]} .
+# S_{[c+1]} = \gamma_C \odot S_{[c]} + \bar K_{[c]}^\top U'_{[c]} .
 # $$
 #
 # The adjoint pass loops backward, from $\mathrm{d}S_{[N]} = \partial \mathcal{L} / \partial
 # S_T$, and each of its lines is the transpose of one of those products:
 #
 # $$
-# \mathrm{d}U'_{[c]} = P_{[c]} + \tilde K_{[c]}\, \mathrm{d}S_{[c+1]}, \qquad
+# \mathrm{d}U'_{[c]} = P_{[c]} + \bar K_{[c]}\, \mathrm{d}S_{[c+1]}, \qquad
 # \mathrm{d}S_{[c]} = \gamma_C \odot \mathrm{d}S_{[c+1]} + \tilde Q_{[c]}^\top \mathrm{d}O_{[c]}
 # - W_{[c]}^\top \mathrm{d}U'_{[c]} ,
 # $$
 #
-# with $\tilde K = \rho \odot K$ the keys decayed to the chunk's end, $\tilde Q = \gamma \odot Q$
+# with $\bar K = \rho \odot K$ the keys decayed to the chunk's end, $\tilde Q = \gamma \odot Q$
 # the queries decayed from its start, and $P = \Omega^\top \mathrm{d}O$ from launch 2. Where
 # the state pass *stores* $S_{[c]}$ before updating it, the adjoint pass stores
 # $\mathrm{d}S_{[c+1]}$ before updating it: launch 5 reads both. The kernel, with the rule a
@@ -253,8 +264,11 @@ if kernels.AVAILABLE:
 #
 # `kb.backward(..., return_stages=True)` returns what every launch wrote. One awkward case for
 # each rule ($T = 45$ in chunks of 16, so the last chunk has 13 tokens; $D_k = 20$, $D_v = 12$,
-# padded to 32 and 16; a random initial state and final-state gradient), each stage against its
-# equation, computed with chapters 19 and 20's PyTorch pieces in float64:
+# padded to 32 and 16; a random initial state and final-state gradient), each stage from launch
+# 2 on against its equation, computed with chapters 19 and 20's PyTorch pieces in float64
+# (the reference adjoint pass takes launch 1's $W$ as its input; $W$ and $U$ are the forward's
+# stage 1, checked in chapter 9 and the appendix, and $G_m$ is checked through $\mathrm{d}\beta$,
+# $\mathrm{d}K$ and $\mathrm{d}g$):
 
 # %%
 def stage_checks(rule):
@@ -374,7 +388,7 @@ if kernels.AVAILABLE:
 # rule, at the lower-bound gate too: the factors of chapter 20 are all at most 1, KDA's diagonal
 # blocks take their reference point from their first token, and the decay mask's diagonal pairs
 # stay out of the gate's terms, in the kernels as in PyTorch. In the bf16 mode the operands of
-# every product are rounded to 8 bits of mantissa and the kept intermediates ($W$, $U$, $U'$,
+# every product are rounded to 8 significant bits (7 stored) and the kept intermediates ($W$, $U$, $U'$,
 # $\mathrm{d}U'$, $P$, $\mathrm{d}S_{[c+1]}$) are stored in bf16, so the gradients carry errors
 # of bf16's size, the size the forward's bf16 mode has (chapter 9).
 #
@@ -417,14 +431,16 @@ elif kernels.AVAILABLE:
     print(runtime.cannot_compile_reason())
 
 # %% [markdown]
-# A thread has at most 255 registers. On the H100 the kernels of the delta rule and Gated
-# DeltaNet fit at these tiles; KDA's adjoint pass spills a little (it holds four
-# $C \times D_k$ float32 tiles next to the state's gradient: $W$, $\rho \odot K$,
-# $\gamma \odot Q$ and the gates). On the A100 KDA's kernels spill more, above all launch 4
-# (the UT transform's backward; the stored record in `benchmarks/` shows the same for the
-# other two rules), which holds several $C \times C$ float32 tiles ($X$,
-# $\mathcal{T}$, $\mathrm{d}\mathcal{T}$, $X^\top \mathrm{d}\mathcal{T}$, $G_m$): the A100's
-# tensor cores take both operands of a product from registers, the H100's from shared memory.
+# A thread has at most 255 registers. With bf16 operands, on the H100 the kernels of the delta
+# rule and Gated DeltaNet fit at these tiles; KDA's adjoint pass spills a little (next to the
+# state's gradient it holds $C \times D_k$ float32 tiles of $\rho \odot K$, $\gamma \odot Q$,
+# the gates and their reverse sums, and $W$). On the A100 KDA's kernels spill more, above all
+# launch 4, the UT transform's backward (the stored record in `benchmarks/` has launch 4
+# spilling about 500 bytes for the other two rules as well, and their other kernels not at
+# all), which holds several $C \times C$ float32 tiles ($X$, $\mathcal{T}$,
+# $\mathrm{d}\mathcal{T}$, $X^\top \mathrm{d}\mathcal{T}$, $G_m$): the A100's tensor cores
+# take both operands of a product from registers, the H100's at least one from shared memory.
+# With float32 operands more kernels spill, on both GPUs (the record).
 # The tiles were chosen from such reports for both targets (one-off sweeps of tile sizes and
 # warps; sixteen warps cap a thread at 128 registers and spill more). fla splits its $C \times C$
 # work into $16 \times 16$ blocks, which is the next step if the spills cost time. Whether they
@@ -475,16 +491,18 @@ gen = torch.Generator().manual_seed(1)
 starts = torch.randint(0, len(corpus) - TRAIN_T - 1, (TRAIN_STEPS, 2), generator=gen)
 batches = [torch.stack([corpus[s:s + TRAIN_T + 1] for s in row.tolist()])
            for row in starts]
-losses = {}
+losses, seconds = {}, {}
 if kernels.AVAILABLE:
     for form in ("triton", "chunked"):
         start = time.perf_counter()
         losses[form] = train_losses(form, batches)
+        seconds[form] = time.perf_counter() - start
         print(f"{form:8s} {TRAIN_STEPS} steps at T = {TRAIN_T} in "
-              f"{time.perf_counter() - start:5.1f} s: "
-              + " ".join(f"{x:.4f}" for x in losses[form]))
+              f"{seconds[form]:5.1f} s: " + " ".join(f"{x:.4f}" for x in losses[form]))
     gap = max(abs(a - b) / b for a, b in zip(losses["triton"], losses["chunked"]))
-    print(f"largest relative difference of the losses: {gap:.1e}")
+    ratio = seconds["triton"] / seconds["chunked"]
+    print(f"largest relative difference of the losses: {gap:.1e}; the interpreted "
+          f"kernels took {ratio:.0f}x the PyTorch form's time")
 
 # %% mystnb={"figure": {"caption": "The training loss of the tiny K3-shaped model at every step, trained once through the Triton kernels under the interpreter (crosses) and once through the PyTorch form with the derived backward (circles), from the same weights on the same batches.", "name": "fig-kernels-train"}, "image": {"alt": "A line plot of training loss against step, falling from about 5.55 nats. Two series, circles for the PyTorch backward and crosses for the Triton kernels, lie on top of each other at every step."}}
 if losses:
@@ -501,9 +519,9 @@ if losses:
 # %% [markdown]
 # The two runs agree to float32 rounding at every step, after several optimizer updates (each
 # step's weights come from the previous step's gradients, so a wrong gradient anywhere would
-# show as a drift that grows). The kernels' time here is the interpreter's, seconds where the
-# PyTorch form takes milliseconds: the point of running them on a CPU is to check them, not to
-# train with them.
+# show as a drift that grows). The kernels' time here is the interpreter's, many times the
+# PyTorch form's (the ratio printed above): the point of running them on a CPU is to check
+# them, not to train with them.
 #
 # ## Experiment: what each backward keeps
 #
@@ -558,14 +576,18 @@ if kernels.AVAILABLE:
           f"backward's bytes and {plain:.3f}x autograd's")
     print(f"  the chunk states: {states / MIB:.2f} MiB, "
           f"the inverses X: {inverses / MIB:.2f} MiB")
+for D in (64, 128):  # numbers kept per token and head, at C = 64
+    per_state, per_x = D * D / 64, 64
+    print(f"D = {D}: chunk states {per_state:.0f} numbers per token, X {per_x}: the "
+          f"kernels keep {(per_state + per_x) / per_state:.2f}x the derived backward's bytes")
 
 # %% [markdown]
 # All three grow linearly with $T$. The derived backward keeps only the chunk states; the
 # kernels keep the states and the inverses $X$, twice as much at $C = D = 64$ (the states are
 # $D^2 / C = 64$ numbers per token and head, the inverses $C = 64$), and still a small fraction
 # of what autograd keeps, which holds every chunk's intermediates. At $D = 128$ the states are
-# four times the inverses ($D^2 / C = 256$ numbers per token against $C = 64$), and the
-# kernels' extra share falls to a quarter.
+# four times the inverses, and the kernels keep 1.25 times the derived backward's bytes (the
+# last line above).
 #
 # ## Exercises
 #
@@ -699,19 +721,22 @@ if kernels.AVAILABLE:
 #   $\Omega^\top \mathrm{d}O$, the adjoint state pass, the UT transform's backward with
 #   $\mathrm{d}V$, and $\mathrm{d}Q$, $\mathrm{d}K$, $\mathrm{d}\beta$, $\mathrm{d}g$ with the
 #   reverse cumulative sum. One code path serves the three rules, the rule a compile-time
-#   constant, as in the forward; the names map one to one onto fla's backward kernels.
+#   constant, as in the forward. The launches map onto fla's delta-rule and Gated DeltaNet
+#   backward kernels (launches 4 and 5 share the work of its `prepare_wy_repr_bwd`).
 # - Only the adjoint pass is sequential, for the reason the state pass is: the state's
-#   gradient flows from the last chunk to the first. It does only the products with the state's
-#   gradient; everything else runs on grids as wide as the forward's.
+#   gradient flows from the last chunk to the first. Its loop holds the products with the
+#   state's gradient and forms $\tilde Q^\top \mathrm{d}O$ and $U'$ in passing; everything else
+#   runs on grids as wide as the forward's.
 # - What to keep is a choice between two loops. The kernels keep the chunk states and the
-#   inverses $X$, both written by the forward, so no solve and no state pass runs twice; fla
-#   keeps only $X$ and runs its state pass again; chapter 19's PyTorch backward keeps only the
-#   states. Each keeps a small, linear share of what autograd keeps.
+#   inverses $X$, both written by the forward, so no state pass runs twice and, for the gated
+#   rules, no solve either; fla keeps only $X$ and runs its state pass again; chapter 19's
+#   PyTorch backward keeps only the states. The kernels keep 0.09 of autograd's bytes for a KDA
+#   call at $T = 2048$, the derived backward half that.
 # - Under the Triton interpreter the kernels' gradients equal the float64 derivation to float32
 #   rounding for the three rules, the lower-bound gate included, and to bf16 rounding in fla's
 #   precision mode; a tiny K3-shaped model trains through them to the PyTorch backward's losses.
-# - Compiled without a GPU, the kernels fit the H100's registers but for KDA's adjoint pass; on
-#   the A100 the UT transform's backward spills. Whether that costs time, and how the kernels
+# - Compiled without a GPU with bf16 operands, the kernels fit the H100's registers but for
+#   KDA's adjoint pass; on the A100 the UT transform's backward spills. Whether that costs time, and how the kernels
 #   compare with fla's, is what `tools/gpu_check_kernels.py` measures on a GPU.
 #
 # **Next.** The course ends here. The [where to go next](../book/next.md) page lists what it
