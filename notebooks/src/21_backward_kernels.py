@@ -579,7 +579,8 @@ if kernels.AVAILABLE:
 for D in (64, 128):  # numbers kept per token and head, at C = 64
     per_state, per_x = D * D / 64, 64
     print(f"D = {D}: chunk states {per_state:.0f} numbers per token, X {per_x}: the "
-          f"kernels keep {(per_state + per_x) / per_state:.2f}x the derived backward's bytes")
+          f"kernels keep {(per_state + per_x) / per_state:.2f}x the derived backward's "
+          "bytes")
 
 # %% [markdown]
 # All three grow linearly with $T$. The derived backward keeps only the chunk states; the
