@@ -158,13 +158,24 @@ def rel(a, b):
 # inside one program, while a stage that needs only its own chunk runs on a grid of
 # $\lceil T / C \rceil \times BH$ programs (times the blocks of a head dimension).
 #
-# | launch | computes | grid | reads | writes | fla |
-# |---|---|---|---|---|---|
-# | 1 `_wy_kernel` (the forward's) | $W = \mathcal{T} \tilde K$, $U = \mathcal{T} V$ | chunks × heads | $K, V, \beta, g$, kept $X$ | $W, U$ | `recompute_w_u_fwd` |
-# | 2 `_dv_local_kernel` | $P = \Omega^\top \mathrm{d}O$ | $D_v$ blocks × chunks × heads | $Q, K, g, \mathrm{d}O$ | $P$ | `chunk_bwd_dv_local` |
-# | 3 `_adjoint_kernel` | $U'$; $\mathrm{d}U'$; $\mathrm{d}S_{[c]}$, backward over chunks | $D_v$ blocks × heads | $W, U, S_{[c]}, P, Q, K, g, \mathrm{d}O$, $\partial \mathcal{L} / \partial S_T$ | $U'$, $\mathrm{d}U'$, $\mathrm{d}S_{[c+1]}$, $\mathrm{d}S_0$ | `chunk_gated_delta_rule_bwd_dhu` |
-# | 4 `_ut_backward_kernel` | $\mathrm{d}\mathcal{T}$, the UT backward, $\mathrm{d}V$ | chunks × heads | $K, V, \beta, g, X, S_{[c]}, \mathrm{d}U'$ | $G_m$, $\mathrm{d}\beta$ (diagonal part), $\mathrm{d}V$ | part of `prepare_wy_repr_bwd` |
-# | 5 `_dqk_kernel` | $\mathrm{d}Q$, $\mathrm{d}K$, $\mathrm{d}\beta$, $\mathrm{d}g$ | $D_k$ blocks × chunks × heads | $Q, K, \beta, g, \mathrm{d}O, X, G_m, S_{[c]}, U', \mathrm{d}U', \mathrm{d}S_{[c+1]}$ | $\mathrm{d}Q, \mathrm{d}K, \mathrm{d}\beta, \mathrm{d}g$ | `chunk_bwd_dqkwg`, the rest of `prepare_wy_repr_bwd`, `chunk_local_cumsum` |
+# | launch | computes | grid | fla |
+# |---|---|---|---|
+# | 1 `_wy_kernel` (the forward's) | $W = \mathcal{T} \tilde K$, $U = \mathcal{T} V$ | chunks × heads | `recompute_w_u_fwd` |
+# | 2 `_dv_local_kernel` | $P = \Omega^\top \mathrm{d}O$ | $D_v$ blocks × chunks × heads | `chunk_bwd_dv_local` |
+# | 3 `_adjoint_kernel` | $\mathrm{d}S_{[c]}$ backward over the chunks | $D_v$ blocks × heads | `chunk_gated_delta_rule_bwd_dhu` |
+# | 4 `_ut_backward_kernel` | $\mathrm{d}\mathcal{T}$, the UT backward, $\mathrm{d}V$ | chunks × heads | part of `prepare_wy_repr_bwd` |
+# | 5 `_dqk_kernel` | $\mathrm{d}Q$, $\mathrm{d}K$, $\mathrm{d}\beta$, $\mathrm{d}g$ | $D_k$ blocks × chunks × heads | `chunk_bwd_dqkwg`, the rest of `prepare_wy_repr_bwd`, `chunk_local_cumsum` |
+#
+# What each launch reads and writes:
+#
+# 1. reads $K, V, \beta, g$ and the kept $X$; writes $W$, $U$.
+# 2. reads $Q, K, g, \mathrm{d}O$; writes $P$.
+# 3. reads $W, U, S_{[c]}, P, Q, K, g, \mathrm{d}O$ and $\partial \mathcal{L} / \partial S_T$;
+#    writes $U'$, $\mathrm{d}U'$, $\mathrm{d}S_{[c+1]}$ and $\mathrm{d}S_0$.
+# 4. reads $K, V, \beta, g, X, S_{[c]}, \mathrm{d}U'$; writes $G_m$, the diagonal part of
+#    $\mathrm{d}\beta$, and $\mathrm{d}V$.
+# 5. reads $Q, K, \beta, g, \mathrm{d}O, X, G_m, S_{[c]}, U', \mathrm{d}U', \mathrm{d}S_{[c+1]}$;
+#    writes $\mathrm{d}Q$, $\mathrm{d}K$, the rest of $\mathrm{d}\beta$, and $\mathrm{d}g$.
 #
 # Here $\tilde K = \gamma \odot K$ are the keys $W$ is made of and $\bar K = \rho \odot K$ the
 # keys written into the next state (chapter 20), $\tilde Q = \gamma \odot Q$, and
