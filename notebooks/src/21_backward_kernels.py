@@ -140,7 +140,7 @@ def reference(rule, q, k, v, beta, g, S0, dO, dS, C):
     return list(r[:4]) + ([r[4]] if g is not None else [None]) + [r[-1]]
 
 
-def rel(a, b):
+def max_rel(a, b):
     """max |a − b| / max(1, max |b|), the kernels' tests' measure."""
     a, b = a.double(), b.double()
     return ((a - b).abs().max() / b.abs().max().clamp(min=1)).item()
@@ -316,17 +316,17 @@ def stage_checks(rule):
         P, Qt.mT @ dOc, W, Kt, dS.double().reshape(B * H, Dk, Dv), decay)
     ref = reference(rule, q, k, v, beta, g, S0, dO, dS, C)
     rows = {
-        "P = Ωᵀ dO (launch 2)": rel(chunks(st["p"]), P),
-        "U' = the forward's U' (launch 3)": rel(st["u_new"], fwd["u_new"]),
-        "dU' (launch 3)": rel(chunks(st["du_new"]), dU),
-        "dS_[c+1] (launch 3)": rel(st["ds_next"].reshape(B * H, N, Dk, Dv), dS_next),
-        "dS_0 (launch 3)": rel(st["dS0"].reshape(B * H, Dk, Dv), dS0),
-        "dV (launch 4)": rel(st["dv"], ref[2]),
-        "dQ, dK (launch 5)": max(rel(st["dq"], ref[0]), rel(st["dk"], ref[1])),
-        "dβ (launches 4, 5)": rel(st["dbeta"], ref[3]),
+        "P = Ωᵀ dO (launch 2)": max_rel(chunks(st["p"]), P),
+        "U' = the forward's U' (launch 3)": max_rel(st["u_new"], fwd["u_new"]),
+        "dU' (launch 3)": max_rel(chunks(st["du_new"]), dU),
+        "dS_[c+1] (launch 3)": max_rel(st["ds_next"].reshape(B * H, N, Dk, Dv), dS_next),
+        "dS_0 (launch 3)": max_rel(st["dS0"].reshape(B * H, Dk, Dv), dS0),
+        "dV (launch 4)": max_rel(st["dv"], ref[2]),
+        "dQ, dK (launch 5)": max(max_rel(st["dq"], ref[0]), max_rel(st["dk"], ref[1])),
+        "dβ (launches 4, 5)": max_rel(st["dbeta"], ref[3]),
     }
     if g is not None:
-        rows["dg (launch 5)"] = rel(st["dg"], ref[4])
+        rows["dg (launch 5)"] = max_rel(st["dg"], ref[4])
     return rows
 
 
@@ -381,7 +381,7 @@ if kernels.AVAILABLE:
             errs = {}
             for operands in ("float32", "bfloat16"):
                 got = through_kernels(rule, *inputs, C, operands)
-                errs[operands] = {n: rel(a, b) for n, a, b in zip(NAMES, got, ref)
+                errs[operands] = {n: max_rel(a, b) for n, a, b in zip(NAMES, got, ref)
                                   if b is not None}
             f32, b16 = (max(e.values()) for e in errs.values())
             worst = {"float32": max(worst["float32"], f32),
@@ -470,7 +470,7 @@ elif kernels.AVAILABLE:
 # trained with AdamW on the same batches of the course's text:
 
 # %%
-def tiny_k3(form, T):
+def tiny_k3_shaped(form, T):
     kda_cfg = layers.KDAConfig(n_head=2, head_dim=16, conv_size=4, gate="lower_bound",
                                chunk_size=64, form=form)
     mla_cfg = layers.MLAConfig(n_head=2, kv_lora_rank=16, qk_nope_head_dim=16,
@@ -484,7 +484,7 @@ def tiny_k3(form, T):
 
 
 def train_losses(form, batches):
-    model = tiny_k3(form, TRAIN_T)
+    model = tiny_k3_shaped(form, TRAIN_T)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for x in batches:

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import wy as wy_ops
-from .core import Case, CheckResult, Exercise, Mistake, register, run, wrap_report
+from .core import Case, CheckResult, Exercise, Mistake, register
+from .triton_launch import NanMargins, check_kernel, interpret
 
 # triton.language, set by check_output_kernel when Triton is there (importing tinyk3.checks does
 # not import Triton); the solution kernel below reads it when the interpreter runs it
@@ -221,9 +222,8 @@ register(Exercise(
 #
 # Every tensor is placed inside a larger buffer filled with NaN, so a load without a mask that
 # runs past the end (or before the start) reads NaN instead of unknown memory, and a store
-# without a mask lands in the margin of ``o``, where the launcher sees it.
-
-_MARGIN = 4096  # elements of NaN before and after every tensor handed to the learner's kernel
+# without a mask lands in the margin of ``o``, where the launcher sees it
+# (:mod:`tinyk3.checks.triton_launch`, shared with chapter 21's exercise).
 
 
 def output_stage(q, k, states, u_new, C):
@@ -288,33 +288,16 @@ def _launch_output(kernel):
     with tensors inside NaN margins; raises (so the check reports it) if it stored outside ``o``."""
 
     def launch(q, k, states, u_new, C):
-        from triton.runtime.interpreter import InterpretedFunction
-
         from ..kernels.runtime import tile_size
 
         BH, T, Dk = q.shape
         Dv, N = u_new.shape[-1], states.shape[1]
-        bufs = []
-
-        def placed(x):  # x's values in the middle of a NaN buffer, as a contiguous view
-            buf = torch.full((2 * _MARGIN + x.numel(),), float("nan"))
-            view = buf[_MARGIN:_MARGIN + x.numel()].view(x.shape)
-            view.copy_(x)
-            bufs.append(buf)
-            return view
-
-        q_, k_, s_, u_ = (placed(x.float().contiguous()) for x in (q, k, states, u_new))
-        o_buf = torch.full((2 * _MARGIN + BH * T * Dv,), float("nan"))
-        o = o_buf[_MARGIN:_MARGIN + BH * T * Dv].view(BH, T, Dv)
-        fn = getattr(kernel, "fn", kernel)  # a @triton.jit function: its Python function
-        try:
-            InterpretedFunction(fn)[(N, BH)](q_, k_, s_, u_, o, T, Dk, Dv, N, BC=C,
-                                             BK=tile_size(Dk), BV=tile_size(Dv))
-        except Exception as exc:  # the interpreter wraps errors: an unwritten stub stays one
-            if isinstance(exc.__cause__, NotImplementedError):
-                raise NotImplementedError from exc
-            raise
-        outside = int((~torch.isnan(o_buf[:_MARGIN])).sum() + (~torch.isnan(o_buf[-_MARGIN:])).sum())
+        margins = NanMargins()
+        q_, k_, s_, u_ = (margins.place(x) for x in (q, k, states, u_new))
+        o = margins.place(torch.full((BH, T, Dv), float("nan")), output=True)
+        interpret(kernel, (N, BH), q_, k_, s_, u_, o, T, Dk, Dv, N, BC=C, BK=tile_size(Dk),
+                  BV=tile_size(Dv))
+        outside = margins.stored_outside()
         if outside:
             raise RuntimeError(
                 f"your kernel stored {outside} values outside o (past its last row or before its "
@@ -367,21 +350,12 @@ def check_output_kernel(kernel, *, verbose: bool = True) -> CheckResult:
     ``kernel.output_stage`` and report (case, distance, hint), as :func:`tinyk3.checks.run` does.
     Never raises because of the kernel (a compile error, NaN, a store outside ``o`` are reported);
     without Triton it reports that and how to install it."""
+    global tl
     from ..kernels import runtime
 
-    if not runtime.AVAILABLE:
-        report = (f"○ {_OUTPUT_EXERCISE.id} ({_OUTPUT_EXERCISE.title}): not run: it needs Triton "
-                  f"({runtime.REASON}). Install it with `pip install triton` (Linux); the kernel "
-                  "then runs under the Triton interpreter on the CPU.")
-        if verbose:
-            print(wrap_report(report))
-        return CheckResult(_OUTPUT_EXERCISE.id, "error", report=report)
-    global tl
-    import triton.language as tl  # noqa: F811 (the module's name for the solution kernel)
-
-    if not callable(kernel):
-        return run(_OUTPUT_EXERCISE.id, kernel, verbose=verbose)
-    return run(_OUTPUT_EXERCISE.id, _launch_output(kernel), verbose=verbose)
+    if runtime.AVAILABLE:
+        import triton.language as tl  # noqa: F811 (the module's name for the solution kernel)
+    return check_kernel(_OUTPUT_EXERCISE, _launch_output, kernel, verbose)
 
 
 def output_kernel_solution(q, k, states, u_new, o, T, Dk, Dv, NT, BC: tl.constexpr,

@@ -10,9 +10,9 @@ below and compares with the PyTorch reference (``tinyk3.ops.delta_rule.adjoint_s
                            dS      = dS + Q_[c]ᵀ dO_[c] − W_[c]ᵀ dU'_[c]
     dS starts at ds_T = ∂L/∂S_T and ends as ∂L/∂S_0 (stored in ds0)
 
-Every tensor sits in the middle of a larger buffer filled with NaN (as in chapter 9's exercise),
-so a load without a mask past the last token reads NaN, and a store without a mask lands in
-the margin of an output, where the launcher sees it.
+Every tensor sits in the middle of a larger buffer filled with NaN (as in chapter 9's exercise,
+:mod:`tinyk3.checks.triton_launch`), so a load without a mask past the last token reads NaN,
+and a store without a mask lands in the margin of an output, where the launcher sees it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.delta_rule import adjoint_state_pass
-from .core import Case, CheckResult, Exercise, Mistake, register, run, wrap_report
+from .core import Case, CheckResult, Exercise, Mistake, register
+from .triton_launch import NanMargins, check_kernel, interpret
 
-_MARGIN = 4096  # elements of NaN before and after every tensor handed to the learner's kernel
 tl = None  # triton.language, set by check_adjoint_kernel (the solution's body names it)
 
 
@@ -85,34 +85,17 @@ def _launch(kernel):
     an output."""
 
     def launch(k, w, q, p, do, ds_T, C):
-        from triton.runtime.interpreter import InterpretedFunction
-
         from ..kernels.runtime import tile_size
 
         BH, T, Dk = k.shape
         Dv, N = p.shape[-1], -(-T // C)
-        bufs = []
-
-        def placed(x):  # x's values in the middle of a NaN buffer, as a contiguous view
-            buf = torch.full((2 * _MARGIN + x.numel(),), float("nan"))
-            view = buf[_MARGIN:_MARGIN + x.numel()].view(x.shape)
-            view.copy_(x)
-            bufs.append(buf)
-            return view
-
-        ins = [placed(x.float().contiguous()) for x in (k, w, q, p, do, ds_T)]
-        du = placed(torch.full((BH, T, Dv), float("nan")))
-        ds0 = placed(torch.full((BH, Dk, Dv), float("nan")))
-        fn = getattr(kernel, "fn", kernel)  # a @triton.jit function: its Python function
-        try:
-            InterpretedFunction(fn)[(BH,)](*ins, du, ds0, T, Dk, Dv, N, BC=C, BK=tile_size(Dk),
-                                           BV=tile_size(Dv))
-        except Exception as exc:  # the interpreter wraps errors: an unwritten stub stays one
-            if isinstance(exc.__cause__, NotImplementedError):
-                raise NotImplementedError from exc
-            raise
-        outside = sum(int((~torch.isnan(b[:_MARGIN])).sum() + (~torch.isnan(b[-_MARGIN:])).sum())
-                      for b in bufs[-2:])
+        margins = NanMargins()
+        ins = [margins.place(x) for x in (k, w, q, p, do, ds_T)]
+        du = margins.place(torch.full((BH, T, Dv), float("nan")), output=True)
+        ds0 = margins.place(torch.full((BH, Dk, Dv), float("nan")), output=True)
+        interpret(kernel, (BH,), *ins, du, ds0, T, Dk, Dv, N, BC=C, BK=tile_size(Dk),
+                  BV=tile_size(Dv))
+        outside = margins.stored_outside()
         if outside:
             raise RuntimeError(
                 f"your kernel stored {outside} values outside du_new or ds0: the stores need "
@@ -165,21 +148,12 @@ def check_adjoint_kernel(kernel, *, verbose: bool = True) -> CheckResult:
     """Run the learner's adjoint-pass kernel under the Triton interpreter on every case of
     ``backward.adjoint_kernel`` and report (case, distance, hint), as :func:`tinyk3.checks.run`
     does. Never raises because of the kernel; without Triton it says how to install it."""
+    global tl
     from ..kernels import runtime
 
-    if not runtime.AVAILABLE:
-        report = (f"○ {_EXERCISE.id} ({_EXERCISE.title}): not run: it needs Triton "
-                  f"({runtime.REASON}). Install it with `pip install triton` (Linux); the kernel "
-                  "then runs under the Triton interpreter on the CPU.")
-        if verbose:
-            print(wrap_report(report))
-        return CheckResult(_EXERCISE.id, "error", report=report)
-    global tl
-    import triton.language as tl  # noqa: F811 (the module's name for the solution kernel)
-
-    if not callable(kernel):
-        return run(_EXERCISE.id, kernel, verbose=verbose)
-    return run(_EXERCISE.id, _launch(kernel), verbose=verbose)
+    if runtime.AVAILABLE:
+        import triton.language as tl  # noqa: F811 (the module's name for the solution kernel)
+    return check_kernel(_EXERCISE, _launch, kernel, verbose)
 
 
 def adjoint_kernel_solution(k, w, q, p, do, ds_T, du_new, ds0, T, Dk, Dv, NT, BC: tl.constexpr,
