@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import wy as wy_ops
-from .core import Case, CheckResult, Exercise, Mistake, register
-from .triton_launch import NanMargins, check_kernel, interpret
+from .core import Case, CheckResult, Exercise, Mistake, NanMargins, check_kernel, interpret, register
 
 # triton.language, set by check_output_kernel when Triton is there (importing tinyk3.checks does
 # not import Triton); the solution kernel below reads it when the interpreter runs it
@@ -223,7 +222,7 @@ register(Exercise(
 # Every tensor is placed inside a larger buffer filled with NaN, so a load without a mask that
 # runs past the end (or before the start) reads NaN instead of unknown memory, and a store
 # without a mask lands in the margin of ``o``, where the launcher sees it
-# (:mod:`tinyk3.checks.triton_launch`, shared with chapter 21's exercise).
+# (``tinyk3.checks.core``, shared with chapter 21's exercise).
 
 
 def output_stage(q, k, states, u_new, C):

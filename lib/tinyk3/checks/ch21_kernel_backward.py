@@ -11,7 +11,7 @@ below and compares with the PyTorch reference (``tinyk3.ops.delta_rule.adjoint_s
     dS starts at ds_T = ∂L/∂S_T and ends as ∂L/∂S_0 (stored in ds0)
 
 Every tensor sits in the middle of a larger buffer filled with NaN (as in chapter 9's exercise,
-:mod:`tinyk3.checks.triton_launch`), so a load without a mask past the last token reads NaN,
+``tinyk3.checks.core``), so a load without a mask past the last token reads NaN,
 and a store without a mask lands in the margin of an output, where the launcher sees it.
 """
 
@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.delta_rule import adjoint_state_pass
-from .core import Case, CheckResult, Exercise, Mistake, register
-from .triton_launch import NanMargins, check_kernel, interpret
+from .core import Case, CheckResult, Exercise, Mistake, NanMargins, check_kernel, interpret, register
 
 tl = None  # triton.language, set by check_adjoint_kernel (the solution's body names it)
 
