@@ -1,6 +1,6 @@
 # GPT-2 to Kimi K3: build the book, test everything.
 #   make book   - check prerequisites, create .venv, install, run every notebook at full size, build _build/html
-#   make test   - check prerequisites, lint (code, workflows, environment.yml), unit tests (then the Triton subset with Triton hidden), notebooks small (SMOKE), Colab-image check of the wheel, site build and archive, the book PDF, browser check
+#   make test   - check prerequisites, lint (code, workflows, environment.yml), the Japanese edition's translations, unit tests (then the Triton subset with Triton hidden), notebooks small (SMOKE), Colab-image check of the wheel, site build and archive, the book PDF, browser check
 #   make serve  - serve the built site on http://127.0.0.1:8000
 #   make dist   - the release: the wheel, an archive of the website that opens from disk, and the whole book as a PDF, in dist/
 SHELL := /bin/bash
@@ -28,12 +28,12 @@ SITE_ARCHIVE := dist/tinyk3-site-$(VERSION).zip
 BOOK_PDF := dist/tinyk3-book-$(VERSION).pdf
 
 .PHONY: help prereqs-book prereqs-test env vendor book test lint unit unit-no-triton notebooks \
-        wheel site-archive pdf singlehtml dist environment weekly \
+        wheel site-archive pdf singlehtml dist environment weekly translations \
         run-notebooks smoke colab html browser serve clean freeze
 
 # Both cores: the unit tests and the small notebook runs are spread over two pytest workers.
 XDIST := -n 2 --dist worksteal
-TEST_STEPS := env vendor lint unit unit-no-triton smoke colab html site-archive pdf browser
+TEST_STEPS := env vendor lint translations unit unit-no-triton smoke colab html site-archive pdf browser
 
 help:
 	@sed -n '2,5p' Makefile
@@ -79,9 +79,13 @@ notebooks: env
 run-notebooks: env
 	$(PY) tools/run_notebooks.py $(NOTEBOOKS)
 
+# Both editions: the English site, then the Japanese one (ja/, generated from the English by
+# tools/translate.py) into its ja/ folder, so each page's language switch is a relative link.
 html: env vendor
-	rm -rf _build/html _build/.doctrees
+	rm -rf _build/html _build/.doctrees _build/ja
 	$(BIN)/jupyter-book build . -W -n --keep-going --quiet
+	$(BIN)/jupyter-book build ja --path-output _build/ja -W -n --keep-going --quiet
+	cp -r _build/ja/_build/html _build/html/ja
 
 book: prereqs-book env vendor run-notebooks html
 	@echo "Site built: _build/html/index.html  (make serve to view it)"
@@ -89,6 +93,13 @@ book: prereqs-book env vendor run-notebooks html
 serve:
 	@echo "Serving _build/html on http://127.0.0.1:8000"
 	$(PY) -m http.server --directory _build/html --bind 127.0.0.1 8000
+
+# The Japanese edition: every English block translated and none stale, the generated ja/
+# files up to date, the Japanese notebooks' code cells and outputs the English ones
+# (tools/translate.py; after editing English prose: `tools/translate.py update`, translate,
+# `tools/translate.py build`).
+translations: env
+	$(PY) tools/translate.py check
 
 ## tests ---------------------------------------------------------------------------------------
 # Prerequisites first (seconds), then each step, timed; the breakdown lands in

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import html.parser
 import http.server
 import os
 import re
@@ -320,3 +321,72 @@ def toc_files(toc_path: Path) -> list[str]:
     walk({k: v for k, v in toc.items() if k != "root"})
     stripped = [re.sub(r"\.(md|ipynb|rst|py)$", "", f) for f in files]
     return list(dict.fromkeys(stripped))
+
+
+# -- the Japanese edition ------------------------------------------------------------------
+
+JAPANESE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uff01-\uff60]")
+# Four English words in a row: a sentence, not a name (DeltaNet, Kimi K3, `tinyk3.models`).
+ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z]+(?:[ ,;:'-]+[A-Za-z][a-z]+){3,}\b")
+
+
+class _Prose(html.parser.HTMLParser):
+    """The text of each prose element (paragraph, list item, heading, caption, definition,
+    table cell, admonition title) of a page's article, without code, maths, outputs and
+    widgets."""
+
+    BLOCKS = {"p", "li", "h1", "h2", "h3", "h4", "h5", "h6", "figcaption", "dt", "dd", "th",
+              "td", "caption", "summary"}
+    SKIP_TAGS = {"pre", "code", "script", "style", "mjx-container", "math", "svg", "kbd"}
+    SKIP_CLASSES = {"cell_output", "math", "highlight", "widget-subarea", "tinyk3-lang-switch",
+                    "tinyk3-launch-bar", "headerlink", "output"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[tuple[str, bool, bool]] = []  # (tag, skipping, collecting)
+        self.in_article = 0
+        self.texts: list[list[str]] = []
+        self.blocks: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("br", "img", "hr", "input", "meta", "link", "wbr", "source"):
+            return
+        classes = set((dict(attrs).get("class") or "").split())
+        skipping = (tag in self.SKIP_TAGS or bool(classes & self.SKIP_CLASSES)
+                    or bool(self.stack and self.stack[-1][1]))
+        if tag == "article":
+            self.in_article += 1
+        collecting = tag in self.BLOCKS and self.in_article > 0 and not skipping
+        if collecting:
+            self.texts.append([])
+        self.stack.append((tag, skipping, collecting))
+
+    def handle_endtag(self, tag):
+        if all(open_tag != tag for open_tag, _, _ in self.stack):
+            return  # a stray end tag
+        while self.stack:
+            open_tag, _, collecting = self.stack.pop()
+            if collecting:
+                text = " ".join("".join(self.texts.pop()).split())
+                if text:
+                    self.blocks.append(text)
+                    if self.texts:
+                        self.texts[-1].append(" ")
+            if open_tag == "article":
+                self.in_article -= 1
+            if open_tag == tag:
+                break
+
+    def handle_data(self, data):
+        if self.stack and not self.stack[-1][1] and self.texts:
+            self.texts[-1].append(data)
+
+
+def untranslated(page_html: str) -> list[str]:
+    """The prose elements of a Japanese page that read as English: no Japanese character and
+    four or more English words in a row."""
+    parser = _Prose()
+    parser.feed(page_html)
+    parser.close()
+    return list(dict.fromkeys(t for t in parser.blocks
+                              if not JAPANESE.search(t) and ENGLISH_RUN.search(t)))

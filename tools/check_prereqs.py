@@ -2,7 +2,8 @@
 """Check, in about a second, that this machine has what `make book` / `make test` need.
 
     python3 tools/check_prereqs.py book     # before `make book`
-    python3 tools/check_prereqs.py test     # before `make test` (adds Chromium)
+    python3 tools/check_prereqs.py test     # before `make test` (adds Chromium and a
+                                            # Japanese font, fonts-noto-cjk)
     python3 tools/check_prereqs.py test --packages   # just the Debian packages to install
 
 Runs with the system Python and its standard library only, before any virtual environment
@@ -58,6 +59,16 @@ def chromium_ok() -> str | None:
     return None if out else f"a working Chromium at {CHROMIUM} (`--version` printed nothing)"
 
 
+def japanese_font_ok() -> str | None:
+    """A font with Japanese glyphs, for the browser check of the Japanese site (without one,
+    Chromium draws boxes and the pages' screenshots and widths mean nothing)."""
+    fc_list = shutil.which("fc-list")
+    if fc_list is None:
+        return "fontconfig's fc-list (comes with Chromium) to find a Japanese font"
+    out = subprocess.run([fc_list, ":lang=ja", "family"], capture_output=True, text=True).stdout
+    return None if out.strip() else "a Japanese font (Noto CJK) for the Japanese site's check"
+
+
 def main(argv: list[str]) -> int:
     args = argv[1:]
     packages_only = "--packages" in args
@@ -76,6 +87,8 @@ def main(argv: list[str]) -> int:
             missing.append((f"`{cmd}`", pkg))
     if goal == "test" and (msg := chromium_ok()) is not None:
         missing.append((msg, "chromium"))
+    if goal == "test" and (msg := japanese_font_ok()) is not None:
+        missing.append((msg, "fonts-noto-cjk"))
     packages = list(dict.fromkeys(p for _, p in missing if p))
     if packages_only:  # for .ci/run: the Debian packages that would install what is missing
         print(" ".join(packages))

@@ -44,8 +44,10 @@ words change.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import difflib
+import fcntl
 import json
 import re
 import sys
@@ -66,7 +68,8 @@ EXERCISE_NOTE = "チェックが表示するメッセージ（失敗したケー
 JAPANESE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uff01-\uff60]")
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,}|:{3,})\s*(.*)$")
 # Directives whose whole fence is structure, never prose.
-VERBATIM_DIRECTIVES = {"solution-start", "solution-end", "math", "code-cell", "chapter-guide"}
+VERBATIM_DIRECTIVES = {"solution-start", "solution-end", "math", "code-cell", "chapter-guide",
+                       "term-table"}
 
 
 # -- blocks -----------------------------------------------------------------------------------
@@ -144,17 +147,24 @@ OPTION = re.compile(r"^\s*:[a-z-]+:.*$", re.M)
 DIRECTIVE = re.compile(r"^\s*(?:`{3,}|~{3,}|:{3,})\s*(\{[a-z-]+\})", re.M)
 URL = re.compile(r"<?https?://[^\s)>]+>?")
 HTML_TAG = re.compile(r"<[^>]+>")
+FENCE_MARK = re.compile(r"^\s*(?:`{3,}|~{3,}|:{3,})\s*(?:\{[a-z-]+\})?", re.M)
+
+
+def _without_fences(text: str) -> str:
+    """``text`` with its fence markers and directive names taken out (a directive's title
+    and body stay), so that inline-code patterns never pair up fence backticks."""
+    return FENCE_MARK.sub(" ", text)
 
 
 def keep_spans(text: str) -> dict[str, set[str]]:
     """What a translation must keep: maths, inline code, roles, link targets, labels,
     directive names and options, URLs."""
     spans: dict[str, set[str]] = {}
-    rest = text
-    spans["role"] = set(ROLE.findall(rest))
+    rest = _without_fences(text)
+    # A role's target must stay; its link text, where it has one (`text <target>`), is prose.
+    spans["role"] = {re.sub(r"`[^`<]*<([^>]+)>`$", r"`<\1>`", r) for r in ROLE.findall(rest)}
     rest = ROLE.sub(" ", rest)
-    spans["code"] = {m.group(0) for m in INLINE_CODE.finditer(rest)
-                     if "\n" not in m.group(0) or m.group(1) == "`"}
+    spans["code"] = {" ".join(m.group(0).split()) for m in INLINE_CODE.finditer(rest)}
     rest = INLINE_CODE.sub(" ", rest)
     spans["math"] = {" ".join(m.split()) for m in DISPLAY_MATH.findall(rest)}
     rest = DISPLAY_MATH.sub(" ", rest)
@@ -174,19 +184,16 @@ def prose(text: str) -> str:
         name = re.match(r"\{([a-z-]+)\}", info)
         if name is None or name.group(1) in VERBATIM_DIRECTIVES:
             return ""  # a code fence or a structural directive
-    rest = ROLE.sub(" ", text)
+    rest = ROLE.sub(" ", _without_fences(text))
     rest = INLINE_CODE.sub(" ", rest)
     rest = DISPLAY_MATH.sub(" ", rest)
     rest = INLINE_MATH.sub(" ", rest)
     rest = LINK_TARGET.sub("] ", rest)
     rest = LABEL.sub(" ", rest)
     rest = OPTION.sub(" ", rest)
-    rest = DIRECTIVE.sub(" ", rest)
     rest = URL.sub(" ", rest)
     rest = HTML_TAG.sub(" ", rest)
-    rest = re.sub(r"@[A-Z_]+@", " ", rest)
-    rest = re.sub(r"^\s*(`{3,}|~{3,}|:{3,})\s*$", " ", rest, flags=re.M)
-    return rest
+    return re.sub(r"@[A-Z_]+@", " ", rest)
 
 
 def needs_translation(block: str) -> bool:
@@ -322,6 +329,20 @@ def load_catalog(path: Path) -> list[dict]:
     return data
 
 
+@contextlib.contextmanager
+def locked(path: Path):
+    """Hold an exclusive lock for a read-modify-write of one catalog (several translators may
+    fill catalogs at once)."""
+    lock = path.parent / f".{path.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def merge(blocks: list[Block], old: list[dict]) -> list[dict]:
     """``msgmerge``: keep exact matches, carry a changed block's old translation as stale,
     give new blocks an empty entry; entries whose English is gone are dropped."""
@@ -454,7 +475,8 @@ def generate_config(problems: list[str]) -> str:
             problems.append(f"_config.yml: no translation of {key} {get(config)!r}")
         else:
             put(config, ja)
-    config["exclude_patterns"] = [*config.get("exclude_patterns", []), "translations"]
+    config["exclude_patterns"] = [p for p in config.get("exclude_patterns", []) if p != "ja"] \
+        + ["translations", "STYLE.md", "terms.yml"]
     config["repository"]["path_to_book"] = "ja"
     config["html"]["favicon"] = "../" + config["html"]["favicon"]
     sphinx = config["sphinx"]
@@ -479,6 +501,17 @@ def outputs(problems: list[str]) -> dict[Path, str]:
 
 # -- checks -----------------------------------------------------------------------------------
 
+def _literal_asterisks(text: str) -> int:
+    """How many ``*`` a reader would see: the block rendered as CommonMark, maths and code
+    taken out first."""
+    from markdown_it import MarkdownIt
+
+    rest = INLINE_CODE.sub("C", DISPLAY_MATH.sub("M", _without_fences(text)))
+    rest = INLINE_MATH.sub("M", rest)
+    rendered = MarkdownIt("commonmark").render(rest)
+    return re.sub(r"<[^>]+>", "", rendered).count("*")
+
+
 def entry_problems(where: str, e: dict) -> list[str]:
     out = []
     if not e["ja"]:
@@ -492,6 +525,10 @@ def entry_problems(where: str, e: dict) -> list[str]:
     if needs_translation(e["en"]) and not JAPANESE.search(prose(e["ja"])) \
             and len(re.findall(r"[A-Za-z]{2,}", prose(e["en"]))) >= 3:
         out.append(f"{where}: `ja` has no Japanese ({e['where']})")
+    if "*" in e["ja"] and _literal_asterisks(e["ja"]) > _literal_asterisks(e["en"]):
+        out.append(f"{where}: emphasis that renders as literal asterisks ({e['where']}): "
+                   "no punctuation or bracket just inside **...** (write **状態**「」, not "
+                   "**「状態」**)")
     en, ja = keep_spans(e["en"]), keep_spans(e["ja"])
     for kind in en:
         lost, added = en[kind] - ja[kind], ja[kind] - en[kind]
@@ -566,8 +603,9 @@ def code_cells_identical() -> list[str]:
 def cmd_update(args) -> int:
     for file in args.files or toc_files():
         path = catalog_path(file)
-        entries = merge(extract(file), load_catalog(path))
-        dump_catalog(path, source_path(file).relative_to(ROOT).as_posix(), entries)
+        with locked(path):
+            entries = merge(extract(file), load_catalog(path))
+            dump_catalog(path, source_path(file).relative_to(ROOT).as_posix(), entries)
     if not args.files:
         site = merge(site_blocks(), load_catalog(SITE_CATALOG))
         dump_catalog(SITE_CATALOG, "_toc.yml and _config.yml", site)
@@ -578,6 +616,11 @@ def cmd_fill(args) -> int:
     """Put translations into one catalog by ``where``: FILE is a YAML list of
     ``{where: ..., ja: ...}`` (as a translator writes them, without copying the English)."""
     path = catalog_path(args.file) if args.file != "_site" else SITE_CATALOG
+    with locked(path):
+        return _fill(args, path)
+
+
+def _fill(args, path: Path) -> int:
     entries = load_catalog(path)
     if not entries:
         raise SystemExit(f"{path.relative_to(ROOT)}: no catalog (run update first)")

@@ -18,6 +18,16 @@ What the themes do not do for this site, in one place:
 * The ``{chapter-guide}`` directive: one row per chapter in the table of contents, with the
   time its stored full-size run took (read from the notebook's last output, "This notebook
   ran in N s.") and its number of exercises, so the landing page states measured times.
+* A language switch under the title of every page, linking to the same page in the other
+  edition: the English site is at the root, the Japanese one (generated into ``ja/`` by
+  tools/translate.py, built with ``language: ja``) under ``ja/``; links are relative, so they
+  work from the site archive opened from disk too. The texts this extension writes itself
+  (badges, the exercises' how-to, the chapter guide) are in the page's language (``TEXT``).
+* Japanese search that works offline and finds compound terms: the index and the query are
+  both cut into overlapping pairs of Japanese characters (``JapaneseBigrams``), so a query
+  such as 線形注意 matches wherever those four characters stand together. (Sphinx's own ``ja``
+  indexes TinySegmenter words but splits a query only at spaces and punctuation, so a
+  compound typed whole matched nothing.)
 * A self-contained ``404.html`` (GitHub Pages serves it for any missing path, at any depth,
   so it links to the site by absolute URL and loads nothing).
 """
@@ -32,9 +42,56 @@ from pathlib import Path
 from docutils import nodes
 from docutils.parsers.rst import Directive
 from sphinx.application import Sphinx
+from sphinx.search import SearchLanguage
 
 STATIC = Path(__file__).parent / "static"
 RAN_IN = re.compile(r"This notebook ran in (\d+) s\.")
+
+
+# What this extension writes on a page, in each edition's language.
+TEXT = {
+    "en": {
+        "open_in": "Open in {host}",
+        "exercises": "Exercises",
+        "howto": (
+            "How to do them: open this chapter as a notebook, in Colab or Kaggle from the badges "
+            "under its title, or locally ({how_to}). Write your function in the cell marked "
+            "<code>your code here</code> and run the check under it: it says which case failed, "
+            "by how much, and gives a hint. The solutions are folded below each exercise."),
+        "how_to_title": "How to use this book",
+        "guide_head": ["", "Chapter", "Runs in", "Exercises"],
+        "guide_note": (
+            "Run times are those of the stored full-size runs on two CPU cores "
+            "({minutes:.0f} minutes for all {n} chapters); with SMOKE = True a chapter runs in "
+            "seconds. Reading and the exercises take longer: plan an evening per chapter."),
+        "other": "日本語", "other_lang": "ja", "other_title": "この頁の日本語版",
+    },
+    "ja": {
+        "open_in": "{host} で開く",
+        "exercises": "演習",
+        "howto": (
+            "取り組み方: この章をノートブックとして開く（タイトルの下のバッジから Colab か "
+            "Kaggle で、または手元で。{how_to}を参照）。<code>your code here</code> と書かれた"
+            "セルに関数を書き、その下のチェックを実行する。チェックは、どのケースで、どれだけ"
+            "外れたかを示し、ヒントを出す（メッセージは英語）。解答は各演習の下に折りたたんで"
+            "ある。"),
+        "how_to_title": "この本の使い方",
+        "guide_head": ["", "章", "実行時間", "演習"],
+        "guide_note": (
+            "実行時間は、保存されたフルサイズ実行を 2 CPU コアで計測したもの（全 {n} 章で "
+            "{minutes:.0f} 分）。SMOKE = True なら各章は数秒で終わる。読んで演習に取り組むには"
+            "もっとかかる。1 章に一晩を見込んでほしい。"),
+        "other": "English", "other_lang": "en", "other_title": "This page in English",
+    },
+}
+
+
+def _lang(app: Sphinx) -> str:
+    return "ja" if (app.config.language or "en").startswith("ja") else "en"
+
+
+def _text(app: Sphinx, key: str):
+    return TEXT[_lang(app)][key]
 
 
 def _repo(app: Sphinx) -> tuple[str, str]:
@@ -85,9 +142,13 @@ def _badges(app: Sphinx, doctree: nodes.document, docname: str) -> None:
     source = Path(app.env.doc2path(docname))
     url, branch = _repo(app)
     path = source.relative_to(Path(app.srcdir)).as_posix()
+    book = str((app.config.html_theme_options or {}).get("path_to_docs", "")).strip("/")
+    if book:  # the Japanese book lives in ja/ of the repository
+        path = f"{book}/{path}"
+    opens = _text(app, "open_in")
     links = "".join(
         f'<a class="tinyk3-launch tinyk3-launch-{host.lower()}" href="{html.escape(href)}" '
-        f'target="_blank" rel="noopener">Open in {host}</a>'
+        f'target="_blank" rel="noopener">{opens.format(host=host)}</a>'
         for host, href in launch_links(url, branch, path).items())
     raw = nodes.raw("", f'<p class="tinyk3-launch-bar">{links}</p>', format="html")
     section = next(iter(doctree.findall(nodes.section)), None)
@@ -97,31 +158,139 @@ def _badges(app: Sphinx, doctree: nodes.document, docname: str) -> None:
     _exercise_howto(app, doctree, docname)
 
 
-EXERCISE_HOWTO = (
-    "How to do them: open this chapter as a notebook, in Colab or Kaggle from the badges under "
-    "its title, or locally ({how_to}). Write your function in the cell marked "
-    "<code>your code here</code> and run the check under it: it says which case failed, by "
-    "how much, and gives a hint. The solutions are folded below each exercise.")
-
-
 def _exercise_howto(app: Sphinx, doctree: nodes.document, docname: str) -> None:
     """Under a chapter's "Exercises" heading, unless its first paragraph already says how:
     where to do the exercises and what the check tells you (the site shows no cell to run)."""
+    heading = _text(app, "exercises")
     for section in doctree.findall(nodes.section):
-        if not (isinstance(section[0], nodes.title) and section[0].astext() == "Exercises"):
+        if not (isinstance(section[0], nodes.title) and section[0].astext() == heading):
             continue
         first = section[1] if len(section) > 1 else None
-        if isinstance(first, nodes.paragraph) and "autograder" in first.astext():
+        if isinstance(first, nodes.paragraph) and ("autograder" in first.astext()
+                                                   or "自動採点" in first.astext()):
             return
         try:
             href = app.builder.get_relative_uri(docname, "book/how-to-use")
         except Exception:  # a builder without page URIs
             href = "../book/how-to-use.html"
-        link = f'<a href="{html.escape(href)}">How to use this book</a>'
-        text = EXERCISE_HOWTO.format(how_to=link)
+        link = f'<a href="{html.escape(href)}">{_text(app, "how_to_title")}</a>'
+        text = _text(app, "howto").format(how_to=link)
         section.insert(1, nodes.raw("", f'<p class="tinyk3-exercise-howto">{text}</p>',
                                     format="html"))
         return
+
+
+# -- the language switch --------------------------------------------------------------------
+
+def other_edition_href(docname: str, lang: str) -> str:
+    """The same page in the other edition, relative to this page: the Japanese site is the
+    English one's ``ja/`` folder."""
+    up = "../" * docname.count("/")
+    if lang == "en":
+        return f"{up}ja/{docname}.html"
+    return f"../{up}{docname}.html"
+
+
+def _language_switch(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    if app.builder.name != "html":
+        return
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None or not isinstance(section[0], nodes.title):
+        return
+    lang = _lang(app)
+    href = html.escape(other_edition_href(docname, lang))
+    other = _text(app, "other_lang")
+    raw = (f'<p class="tinyk3-lang-switch"><a href="{href}" hreflang="{other}" lang="{other}" '
+           f'title="{html.escape(_text(app, "other_title"))}">{_text(app, "other")}</a></p>')
+    section.insert(1, nodes.raw("", raw, format="html"))
+
+
+# -- Japanese search -------------------------------------------------------------------------
+
+# Hiragana, katakana (with the prolonged sound mark), CJK ideographs, half-width katakana:
+# the same ranges in Python and in the page's JavaScript.
+CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+_CJK_RUN = re.compile(f"[{CJK_RANGES}]+|[^{CJK_RANGES}]+")
+
+
+def japanese_terms(text: str) -> list[str]:
+    """Search terms of ``text``: words as Sphinx splits them (``\\w+``), each run of Japanese
+    characters inside one cut into overlapping pairs (a single character stays whole)."""
+    terms = []
+    for word in re.findall(r"\w+", text):
+        for run in _CJK_RUN.findall(word):
+            if re.match(f"[{CJK_RANGES}]", run):
+                terms += [run] if len(run) == 1 else [run[i:i + 2]
+                                                      for i in range(len(run) - 1)]
+            else:
+                terms.append(run)
+    return terms
+
+
+class JapaneseBigrams(SearchLanguage):
+    """Sphinx's search language for ``ja``, replaced: the index and the query split alike."""
+
+    lang = "ja"
+    language_name = "Japanese"
+    js_splitter_code = """
+function splitQuery(query) {
+  const cjk = "@CJK@";
+  const run = new RegExp("[" + cjk + "]+|[^" + cjk + "]+", "gu");
+  const isCjk = new RegExp("^[" + cjk + "]");
+  const terms = [];
+  for (const word of query.split(/[^\\p{Letter}\\p{Number}_]+/gu)) {
+    for (const part of word.match(run) || []) {
+      if (!isCjk.test(part)) { terms.push(part); continue; }
+      if (part.length === 1) { terms.push(part); continue; }
+      for (let i = 0; i + 1 < part.length; i++) terms.push(part.slice(i, i + 2));
+    }
+  }
+  return terms.filter(term => term);
+}
+""".replace("@CJK@", CJK_RANGES)
+
+    def split(self, input: str) -> list[str]:
+        return japanese_terms(input)
+
+    def word_filter(self, word: str) -> bool:
+        return len(word) > 0
+
+    def stem(self, word: str) -> str:
+        return word.lower()
+
+
+# -- the terms table --------------------------------------------------------------------------
+
+TERMS = Path(__file__).resolve().parents[2] / "ja" / "terms.yml"
+
+
+class TermTable(Directive):
+    """The Japanese edition's terminology (ja/terms.yml) as a two-column table, English and
+    Japanese, in both editions' glossary."""
+
+    has_content = False
+
+    def run(self):
+        import yaml
+
+        env = self.state.document.settings.env
+        terms = yaml.safe_load(TERMS.read_text(encoding="utf-8")) or []
+        if not terms or not all({"en", "ja"} <= set(t) for t in terms):
+            raise self.error(f"term-table: {TERMS} must list entries with `en` and `ja`")
+        table = nodes.table(classes=["tinyk3-term-table"])
+        group = nodes.tgroup(cols=2)
+        table += group
+        for width in (50, 50):
+            group += nodes.colspec(colwidth=width)
+        head = nodes.thead()
+        group += head
+        labels = ["英語", "日本語"] if _lang(env.app) == "ja" else ["English", "Japanese"]
+        head += ChapterGuide._row(labels)
+        body = nodes.tbody()
+        group += body
+        for t in sorted(terms, key=lambda t: t["en"].lower()):
+            body += ChapterGuide._row([t["en"], t["ja"]])
+        return [table]
 
 
 # -- the chapter guide -----------------------------------------------------------------------
@@ -177,7 +346,7 @@ class ChapterGuide(Directive):
             group += nodes.colspec(colwidth=width)
         head = nodes.thead()
         group += head
-        head += self._row(["", "Chapter", "Runs in", "Exercises"])
+        head += self._row(_text(app, "guide_head"))
         body = nodes.tbody()
         group += body
         here = env.docname
@@ -188,11 +357,8 @@ class ChapterGuide(Directive):
             took = f"{r['seconds']} s" if r["seconds"] < 90 else f"{minutes:.1f} min"
             body += self._row([str(n), ref, took, str(r["exercises"])])
         total = sum(r["seconds"] for r in rows)
-        note = nodes.paragraph(text=(
-            f"Run times are those of the stored full-size runs on two CPU cores "
-            f"({total / 60:.0f} minutes for all {len(rows)} chapters); with SMOKE = True a "
-            "chapter runs in seconds. Reading and the exercises take longer: plan an evening "
-            "per chapter."))
+        note = nodes.paragraph(text=_text(app, "guide_note").format(minutes=total / 60,
+                                                                   n=len(rows)))
         return [table, note]
 
     @staticmethod
@@ -264,7 +430,13 @@ def _drop_fontawesome_js(app: Sphinx, exception) -> None:
 def _static(app: Sphinx, config) -> None:
     config.html_static_path = [*config.html_static_path, str(STATIC)]
     opts = dict(config.html_theme_options or {})
-    opts["extra_footer"] = f"{opts.get('extra_footer', '')} Version {version()}.".strip()
+    word = "バージョン" if _lang(app) == "ja" else "Version"
+    opts["extra_footer"] = f"{opts.get('extra_footer', '')} {word} {version()}.".strip()
+    if _lang(app) == "ja":
+        # What the themes and myst-nb write in English whatever the language.
+        opts["search_bar_text"] = "この本を検索..."
+        config.nb_code_prompt_show = "コードを表示"
+        config.nb_code_prompt_hide = "コードを隠す"
     config.html_theme_options = opts
 
 
@@ -288,7 +460,10 @@ def setup(app: Sphinx) -> dict:
     app.add_js_file("tinyk3/site.js")
     app.connect("source-read", _substitute)
     app.connect("doctree-resolved", _badges)
+    app.connect("doctree-resolved", _language_switch)
     app.connect("build-finished", _write_404)
     app.connect("build-finished", _drop_fontawesome_js)
     app.add_directive("chapter-guide", ChapterGuide)
+    app.add_directive("term-table", TermTable)
+    app.add_search_language(JapaneseBigrams)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
