@@ -332,14 +332,17 @@ ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z]+(?:[ ,;:'-]+[A-Za-z][a-z]+){3,}\b")
 
 class _Prose(html.parser.HTMLParser):
     """The text of each prose element (paragraph, list item, heading, caption, definition,
-    table cell, admonition title) of a page's article, without code, maths, outputs and
-    widgets."""
+    table cell, quotation) of a page's article, without code, maths, outputs, widgets and
+    italics."""
 
     BLOCKS = {"p", "li", "h1", "h2", "h3", "h4", "h5", "h6", "figcaption", "dt", "dd", "th",
               "td", "caption", "summary"}
-    SKIP_TAGS = {"pre", "code", "script", "style", "mjx-container", "math", "svg", "kbd"}
+    # Italics are titles (papers, books) and quoted names: left as written.
+    SKIP_TAGS = {"pre", "code", "script", "style", "mjx-container", "math", "svg", "kbd", "em",
+                 "cite"}
+    # The terms table's English column is English by design.
     SKIP_CLASSES = {"cell_output", "math", "highlight", "widget-subarea", "tinyk3-lang-switch",
-                    "tinyk3-launch-bar", "headerlink", "output"}
+                    "tinyk3-launch-bar", "headerlink", "output", "tinyk3-term-table"}
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
@@ -356,7 +359,10 @@ class _Prose(html.parser.HTMLParser):
                     or bool(self.stack and self.stack[-1][1]))
         if tag == "article":
             self.in_article += 1
-        collecting = tag in self.BLOCKS and self.in_article > 0 and not skipping
+        # A quotation is one block: an English quote with its Japanese rendering passes.
+        quoted = any(t == "blockquote" for t, _, _ in self.stack)
+        collecting = ((tag in self.BLOCKS and not quoted) or tag == "blockquote") \
+            and self.in_article > 0 and not skipping
         if collecting:
             self.texts.append([])
         self.stack.append((tag, skipping, collecting))

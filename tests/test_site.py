@@ -733,17 +733,23 @@ def test_japanese_search_finds_a_term_offline(browser, base, query, page_file):
     log = PageLog(page, context, harmless=KNOWN_HARMLESS)
     try:
         page.goto(base + f"ja/search.html?q={quote(query)}", wait_until="load")
-        page.wait_for_function("() => document.querySelector('#search-results "
-                               "p.search-summary')?.textContent.trim()", timeout=15_000)
+        # Results are listed one by one (each fetches its page for the context shown) and
+        # the summary comes last: wait for the chapter's link, or for the summary.
+        wanted = f"{page_file}.html"
+        page.wait_for_function(
+            "(w) => [...document.querySelectorAll('#search-results li a')].some("
+            "a => a.getAttribute('href').split(/[?#]/)[0].endsWith(w))"
+            " || document.querySelector('#search-results p.search-summary')"
+            "?.textContent.trim()", arg=wanted, timeout=30_000)
         hrefs = page.evaluate("() => [...document.querySelectorAll('#search-results li a')]"
                               ".map(a => a.getAttribute('href'))")
-        summary = page.evaluate("() => document.querySelector('#search-results "
-                                "p.search-summary').textContent")
+        summary = page.evaluate("() => document.querySelector('#search-results h2')"
+                                "?.textContent || ''")
     finally:
         context.close()
     assert not log.report(), log.report()
-    assert any(h.split("?")[0].split("#")[0].endswith(f"{page_file}.html") for h in hrefs), \
-        f"searching {query!r} did not find {page_file} ({summary!r}; {hrefs[:8]})"
+    assert any(h.split("?")[0].split("#")[0].endswith(wanted) for h in hrefs), \
+        f"searching {query!r} did not find {page_file} ({hrefs[:8]})"
     assert JAPANESE.search(summary), f"the search page speaks English: {summary!r}"
 
 
