@@ -1,5 +1,5 @@
 # GPT-2 to Kimi K3: build the book, test everything.
-#   make book   - check prerequisites, create .venv, install, run every notebook at full size, build _build/html
+#   make book   - check prerequisites, create .venv, install, run every notebook at full size, regenerate the Japanese notebooks, build _build/html (and _build/html/ja)
 #   make test   - check prerequisites, lint (code, workflows, environment.yml), the Japanese edition's translations, unit tests (then the Triton subset with Triton hidden), notebooks small (SMOKE), Colab-image check of the wheel, site build and archive, the book PDF, browser check
 #   make serve  - serve the built site on http://127.0.0.1:8000
 #   make dist   - the release: the wheel, an archive of the website that opens from disk, and the whole book as a PDF, in dist/
@@ -28,7 +28,7 @@ SITE_ARCHIVE := dist/tinyk3-site-$(VERSION).zip
 BOOK_PDF := dist/tinyk3-book-$(VERSION).pdf
 
 .PHONY: help prereqs-book prereqs-test env vendor book test lint unit unit-no-triton notebooks \
-        wheel site-archive pdf singlehtml dist environment weekly translations \
+        wheel site-archive pdf singlehtml dist environment weekly translations ja-book \
         run-notebooks smoke colab html browser serve clean freeze
 
 # Both cores: the unit tests and the small notebook runs are spread over two pytest workers.
@@ -87,7 +87,11 @@ html: env vendor
 	$(BIN)/jupyter-book build ja --path-output _build/ja -W -n --keep-going --quiet
 	cp -r _build/ja/_build/html _build/html/ja
 
-book: prereqs-book env vendor run-notebooks html
+# The Japanese notebooks carry the English ones' outputs: regenerate them after a run.
+ja-book: env
+	$(PY) tools/translate.py build
+
+book: prereqs-book env vendor run-notebooks ja-book html
 	@echo "Site built: _build/html/index.html  (make serve to view it)"
 
 serve:

@@ -388,11 +388,15 @@ class _Prose(html.parser.HTMLParser):
             self.texts[-1].append(data)
 
 
-def untranslated(page_html: str) -> list[str]:
-    """The prose elements of a Japanese page that read as English: no Japanese character and
-    four or more English words in a row."""
+def prose_blocks(page_html: str) -> list[str]:
     parser = _Prose()
     parser.feed(page_html)
     parser.close()
-    return list(dict.fromkeys(t for t in parser.blocks
+    return parser.blocks
+
+
+def untranslated(page_html: str) -> list[str]:
+    """The prose elements of a Japanese page that read as English: no Japanese character and
+    four or more English words in a row."""
+    return list(dict.fromkeys(t for t in prose_blocks(page_html)
                               if not JAPANESE.search(t) and ENGLISH_RUN.search(t)))

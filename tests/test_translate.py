@@ -187,3 +187,19 @@ def test_japanese_search_terms_are_the_same_for_the_index_and_a_compound_query()
     assert set(query) <= set(text) and query == ["線形", "形注", "注意"]
     assert "linear" in text and "attention" in text
     assert tinyk3_site.japanese_terms("状") == ["状"]
+
+
+def test_first_uses_lists_a_bracketless_first_use_only(monkeypatch, tmp_path):
+    (tmp_path / "ja" / "translations" / "notebooks").mkdir(parents=True)
+    (tmp_path / "ja" / "terms.yml").write_text(
+        "- {en: linear attention, ja: 線形注意}\n- {en: attention, ja: 注意}\n"
+        "- {en: state, ja: 状態}\n- {bracket: false, en: summary, ja: まとめ}\n")
+    monkeypatch.setattr(tr, "JA", tmp_path / "ja")
+    monkeypatch.setattr(tr, "CATALOGS", tmp_path / "ja" / "translations")
+    entries = [{"where": "cell a, block 1", "en": "# Linear attention", "ja": "# 状態と線形注意"},
+               {"where": "cell a, block 2", "en": "x",
+                "ja": "線形注意（linear attention）は状態を持つ。まとめると、状態（state）である。"}]
+    tr.dump_catalog(tr.catalog_path("notebooks/x"), "x", entries)
+    found = tr.first_uses("notebooks/x")
+    # the heading does not count; 注意 inside 線形注意 is not a use of 注意; まとめ is exempt
+    assert len(found) == 1 and found[0].startswith("状態 (state)")

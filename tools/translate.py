@@ -35,6 +35,8 @@ text exactly as written. The semantics are gettext's: ``update`` works like ``ms
                                        # generated files that are not up to date
     python tools/translate.py status   # per file: blocks, translated, stale, missing
     python tools/translate.py fill notebooks/01_gpt2 mine.yml   # translations by `where`
+    python tools/translate.py terms    # terms whose first use in a chapter lacks the English
+                                       # in brackets (a reading aid: it can be wrong)
 
 A translation must keep every maths span, inline code span, link target, role target, label
 and directive option of its English block (``check`` compares them as sets), so only the
@@ -674,6 +676,42 @@ def cmd_check(args) -> int:
     return 0
 
 
+def first_uses(file: str) -> list[str]:
+    """Terms of ja/terms.yml whose first use in a chapter's body (headings aside) has no
+    English in brackets after it: 線形注意（linear attention）. A reading aid, not a check:
+    a common word (まとめる, 注意する) can look like a term."""
+    terms = yaml.safe_load((JA / "terms.yml").read_text(encoding="utf-8"))
+    longer = {t["ja"]: [u["ja"] for u in terms if t["ja"] in u["ja"] and u["ja"] != t["ja"]]
+              for t in terms}
+    body = "\n".join(line for e in load_catalog(catalog_path(file))
+                     for line in e["ja"].split("\n") if not re.match(r"#{1,6} ", line))
+    body = INLINE_MATH.sub(" ", INLINE_CODE.sub(" ", DISPLAY_MATH.sub(" ", body)))
+    out = []
+    for t in terms:
+        if t.get("bracket", True) is False:
+            continue
+        for m in re.finditer(re.escape(t["ja"]), body):
+            inside = any(body.find(u, max(0, m.start() - len(u))) in
+                         range(max(0, m.start() - len(u) + 1), m.start() + 1)
+                         for u in longer[t["ja"]])
+            if inside:
+                continue
+            after = body[m.end():m.end() + 80]
+            bracket = re.match(r"[^（。\n]{0,16}（([^）]*)）", after)
+            head = t["en"].lower().split()[-1].rstrip("s")
+            if not (bracket and head in bracket.group(1).lower()):
+                out.append(f"{t['ja']} ({t['en']}): …{body[max(0, m.start() - 12):m.end() + 16]}…")
+            break
+    return out
+
+
+def cmd_terms(args) -> int:
+    for file in args.files or [f for f in toc_files() if f.startswith("notebooks/")]:
+        for line in first_uses(file):
+            print(f"{file}: {line}")
+    return 0
+
+
 def cmd_status(args) -> int:
     for file in args.files or toc_files():
         entries = load_catalog(catalog_path(file))
@@ -694,7 +732,7 @@ def main(argv=None) -> int:
     fill.add_argument("translations", help="YAML list of {where, ja}")
     fill.set_defaults(fn=cmd_fill)
     for name, fn in (("update", cmd_update), ("build", cmd_build), ("check", cmd_check),
-                     ("status", cmd_status)):
+                     ("status", cmd_status), ("terms", cmd_terms)):
         p = sub.add_parser(name)
         p.add_argument("files", nargs="*", help="English files as named in _toc.yml "
                        "(notebooks/01_gpt2); default: all")
