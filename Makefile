@@ -18,6 +18,11 @@ export PYTHONHASHSEED := 0
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
+# Python writes the bytecode of what it imports (some machines set PYTHONDONTWRITEBYTECODE),
+# so pip need not compile every module of every package at install (`--no-compile`): of
+# torch's thousands of modules, the course imports a fraction. Measured here: the Colab
+# image installs in 37 s instead of about 100 s.
+unexport PYTHONDONTWRITEBYTECODE
 
 ENV_HASH := $(shell cat requirements/ci.txt requirements/ci-nodeps.txt pyproject.toml | sha1sum | cut -c1-12)
 ENV_STAMP := $(VENV)/.installed-$(ENV_HASH)
@@ -52,9 +57,9 @@ env: $(ENV_STAMP)
 $(ENV_STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements/ci.txt
-	$(PY) -m pip install --quiet --no-deps -r requirements/ci-nodeps.txt
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet --no-compile -r requirements/ci.txt
+	$(PY) -m pip install --quiet --no-compile --no-deps -r requirements/ci-nodeps.txt
+	$(PY) -m pip install --quiet --no-compile --no-deps -e .
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -93,8 +93,11 @@ def base_venv(rebuild: bool) -> tuple[Path, dict[str, str]]:
     shutil.rmtree(VENV, ignore_errors=True)
     t0 = time.perf_counter()
     run([BASE_PYTHON, "-m", "venv", VENV])
+    # --no-compile: the bytecode of what the notebooks import is written as they import it
+    # (make unexports PYTHONDONTWRITEBYTECODE), not all of every package's up front.
     done = run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                "-r", REQUIREMENTS, "-c", FREEZE], capture_output=True, text=True, check=False)
+                "--no-compile", "-r", REQUIREMENTS, "-c", FREEZE],
+               capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"could not build the Colab image:\n{quiet_pip(done.stderr)[-3000:]}")
     packages = freeze(python)
