@@ -64,7 +64,7 @@ TEXT = {
             "Run times are those of the stored full-size runs on two CPU cores "
             "({minutes:.0f} minutes for all {n} chapters); with SMOKE = True a chapter runs in "
             "seconds. Reading and the exercises take longer: plan an evening per chapter."),
-        "other": "日本語", "other_lang": "ja", "other_title": "この頁の日本語版",
+        "other": "日本語", "other_lang": "ja", "other_title": "このページの日本語版",
     },
     "ja": {
         "open_in": "{host} で開く",

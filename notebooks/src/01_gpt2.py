@@ -16,9 +16,10 @@
 # # GPT-2: the 2019 baseline
 #
 # Every model in this course is measured against GPT-2 small, released by OpenAI in 2019 with
-# 124 million parameters. Kimi K3 (2026) has about 2.8 trillion: the *22,580* of the course's
-# title is the post's ratio of the two, $2.8 \times 10^{12} / 124 \times 10^{6}$ (Check 1
-# below recomputes it). Before we can say what changed, we need the baseline in our hands.
+# 124 million parameters. Kimi K3 (2026) has about 2.8 trillion: the *22,580* in the title
+# of the post this course follows is the ratio of the two,
+# $2.8 \times 10^{12} / 124 \times 10^{6}$ (Check 1 below recomputes it). Before we can say
+# what changed, we need the baseline in our hands.
 #
 # **In this chapter** you build causal self-attention from a token loop to one masked matrix
 # product, assemble GPT-2 from it, count its parameters exactly, check it against the

@@ -422,7 +422,7 @@ for C_ in (64, 128):
 # second returns $(I + \tilde A)^{-1}$ (its `solve_tril` is documented to take a strictly lower
 # triangular matrix and return that inverse), and the third folds $\beta$ into the right-hand sides: $W = (I + \tilde A)^{-1}(\beta \odot K)$,
 # $U = (I + \tilde A)^{-1}(\beta \odot V)$. Since $(I + \tilde A)^{-1}(\beta \odot K) = A^{-1}
-# \operatorname{diag}(\beta) K$, this is $T K$ again.
+# \operatorname{diag}(\beta) K$, this is $\mathcal{T} K$ again.
 #
 # **fla's reference implementation and an earlier version of its kernels** store the negated matrix
 # $N = -\tilde A$ and invert $I - N$ in place, row by row: $Y_i = N_i + \sum_{m<i} N_{im} Y_m$ for
@@ -959,7 +959,7 @@ ok = checks.run("wy.wy_factors", wy_factors_solution)
 #   $w_r = \beta_r (k_r - \sum_{i<r} (k_r \cdot k_i) w_i)$; the writes are $H = K^\top U$ with the same
 #   recursion on $V$; so $S_{[1]} = S_0 + K^\top(U - W S_0)$, and $U - W S_0$ are the tokens' corrections.
 # - **UT transform:** $\mathcal{T} = (I + \operatorname{tril}(\operatorname{diag}(\beta) K K^\top, -1))^{-1}
-#   \operatorname{diag}(\beta)$, $W = T K$, $U = T V$. The recursion is forward substitution of
+#   \operatorname{diag}(\beta)$, $W = \mathcal{T} K$, $U = \mathcal{T} V$. The recursion is forward substitution of
 #   this unit lower-triangular system; kernels invert $16 \times 16$ diagonal blocks and merge them
 #   with $[[A_{11}, 0], [A_{21}, A_{22}]]^{-1} = [[A_{11}^{-1}, 0], [-A_{22}^{-1} A_{21} A_{11}^{-1}, A_{22}^{-1}]]$.
 # - The papers' transposed layout ($P^{\text{p}} = I - W^\top K$), the kernels' staged form

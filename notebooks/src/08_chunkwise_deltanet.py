@@ -275,7 +275,7 @@ print(f"reading S_[c+1], not S_[c]: max |outputs - loop| = {d_late:.2f}"
 # the recurrence, step for step.
 #
 # **$C \ge T$.** One chunk, $S_0$ the initial state: $U' = \mathcal{T} V - \mathcal{T} K S_0 = \mathcal{T} (V - K S_0)$, which with
-# $T = A^{-1} \operatorname{diag}(\beta)$ is the solution of chapter 5's system
+# $\mathcal{T} = A^{-1} \operatorname{diag}(\beta)$ is the solution of chapter 5's system
 # $A U' = \operatorname{diag}(\beta)(V - K S_0)$; and $O = Q S_0 + (Q K^\top \odot M) U'$: the parallel
 # form. The lib's `delta_rule.chunked` in both limits, in float64:
 

@@ -223,7 +223,7 @@ if kernels.AVAILABLE:
 # | who | keeps beyond the inputs | recomputes in the backward |
 # |---|---|---|
 # | chapter 19's PyTorch backward | $S_{[c]}$: $(T/C)\, D^2$ | $\mathcal{T}$ (the solve), $W$, $U$, $U'$ |
-# | these kernels | $S_{[c]}$ and $X = (I + L)^{-1}$: $(T/C)\, D^2 + T C$ | $W$, $U$ from $X$; $U'$ |
+# | these kernels | $S_{[c]}$ and $X = (I + A_{<})^{-1}$: $(T/C)\, D^2 + T C$ | $W$, $U$ from $X$; $U'$ |
 # | fla | $X$ (its `A`): $T C$ | $W$, $U$ from $X$; every $S_{[c]}$ and $U'$ (a second state pass) |
 #
 # The two things worth keeping are the two that take a loop to compute: the states (the
