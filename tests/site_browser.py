@@ -14,6 +14,7 @@ import html.parser
 import http.server
 import os
 import re
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
@@ -325,7 +326,9 @@ def toc_files(toc_path: Path) -> list[str]:
 
 # -- the Japanese edition ------------------------------------------------------------------
 
-JAPANESE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uff01-\uff60]")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from translate import JAPANESE  # noqa: E402  (one definition of "has Japanese")
+
 # Four English words in a row: a sentence, not a name (DeltaNet, Kimi K3, `tinyk3.models`).
 ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z]+(?:[ ,;:'-]+[A-Za-z][a-z]+){3,}\b")
 

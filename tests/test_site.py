@@ -548,9 +548,10 @@ def check_japanese(page, page_file: str, problems: list[str]) -> None:
     switch = page.locator("p.tinyk3-lang-switch a[hreflang=en]")
     if not switch.count() or not switch.first.is_visible():
         problems.append("no visible switch to the English page")
-    elif not switch.first.evaluate("(a) => a.href").endswith(f"/{page_file}.html") or \
-            "/ja/" in switch.first.evaluate("(a) => a.href"):
-        problems.append(f"the switch leads to {switch.first.evaluate('(a) => a.href')}")
+    else:
+        href = switch.first.evaluate("(a) => a.href")
+        if not href.endswith(f"/{page_file}.html") or "/ja/" in href:
+            problems.append(f"the switch leads to {href}")
 
 
 def check_launch(page, page_file: str, view: str, problems: list[str],

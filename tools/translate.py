@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import difflib
 import fcntl
 import json
@@ -408,8 +407,9 @@ def translate_text(text: str, table: dict[str, str], where: str, problems: list[
     return "".join(out)
 
 
-def _table(file: str) -> dict[str, str]:
-    return {e["en"]: e["ja"] for e in load_catalog(catalog_path(file)) if e["ja"]}
+def _table(catalog: Path) -> dict[str, str]:
+    """English -> Japanese of one catalog's translated entries."""
+    return {e["en"]: e["ja"] for e in load_catalog(catalog) if e["ja"]}
 
 
 def _source_lines(text: str) -> list[str]:
@@ -420,12 +420,11 @@ def _source_lines(text: str) -> list[str]:
 def generate(file: str, problems: list[str]) -> tuple[Path, str]:
     """The Japanese version of one English file: (path under ja/, text)."""
     path = source_path(file)
-    table = _table(file)
+    table = _table(catalog_path(file))
     target = JA / path.relative_to(ROOT)
     if path.suffix == ".md":
         return target, translate_text(path.read_text(encoding="utf-8"), table, file, problems)
     nb = json.loads(path.read_text(encoding="utf-8"))
-    nb = copy.deepcopy(nb)
     for cell in nb["cells"]:
         where = f"{file}, cell {cell.get('id', '?')}"
         if cell["cell_type"] == "markdown":
@@ -447,12 +446,8 @@ def generate(file: str, problems: list[str]) -> tuple[Path, str]:
     return target, json.dumps(nb, ensure_ascii=False, indent=1) + "\n"
 
 
-def site_table() -> dict[str, str]:
-    return {e["en"]: e["ja"] for e in load_catalog(SITE_CATALOG) if e["ja"]}
-
-
 def generate_toc(problems: list[str]) -> str:
-    table = site_table()
+    table = _table(SITE_CATALOG)
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
     for part in toc.get("parts", []):
         ja = table.get(part["caption"])
@@ -466,17 +461,14 @@ def generate_toc(problems: list[str]) -> str:
 
 
 def generate_config(problems: list[str]) -> str:
-    table = site_table()
+    table = _table(SITE_CATALOG)
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-    for key, get, put in (
-            ("title", lambda c: c["title"], lambda c, v: c.__setitem__("title", v)),
-            ("html.extra_footer", lambda c: c["html"]["extra_footer"],
-             lambda c, v: c["html"].__setitem__("extra_footer", v))):
-        ja = table.get(get(config))
+    for section, key in ((config, "title"), (config["html"], "extra_footer")):
+        ja = table.get(section[key])
         if not ja:
-            problems.append(f"_config.yml: no translation of {key} {get(config)!r}")
+            problems.append(f"_config.yml: no translation of {key} {section[key]!r}")
         else:
-            put(config, ja)
+            section[key] = ja
     config["exclude_patterns"] = [p for p in config.get("exclude_patterns", []) if p != "ja"] \
         + ["translations", "STYLE.md", "terms.yml"]
     config["repository"]["path_to_book"] = "ja"
@@ -691,9 +683,10 @@ def first_uses(file: str) -> list[str]:
         if t.get("bracket", True) is False:
             continue
         for m in re.finditer(re.escape(t["ja"]), body):
-            inside = any(body.find(u, max(0, m.start() - len(u))) in
-                         range(max(0, m.start() - len(u) + 1), m.start() + 1)
-                         for u in longer[t["ja"]])
+            # a use of 注意 inside 線形注意 is a use of the longer term
+            inside = any(body.startswith(u, start)
+                         for u in longer[t["ja"]]
+                         for start in range(max(0, m.start() - len(u) + 1), m.start() + 1))
             if inside:
                 continue
             after = body[m.end():m.end() + 80]

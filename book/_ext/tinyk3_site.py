@@ -65,6 +65,7 @@ TEXT = {
             "({minutes:.0f} minutes for all {n} chapters); with SMOKE = True a chapter runs in "
             "seconds. Reading and the exercises take longer: plan an evening per chapter."),
         "other": "日本語", "other_lang": "ja", "other_title": "このページの日本語版",
+        "terms_head": ["English", "Japanese"], "version": "Version",
     },
     "ja": {
         "open_in": "{host} で開く",
@@ -82,6 +83,7 @@ TEXT = {
             "{minutes:.0f} 分）。SMOKE = True なら各章は数秒で終わる。読んで演習に取り組むには"
             "もっとかかる。1 章に一晩を見込んでほしい。"),
         "other": "English", "other_lang": "en", "other_title": "This page in English",
+        "terms_head": ["英語", "日本語"], "version": "バージョン",
     },
 }
 
@@ -284,8 +286,7 @@ class TermTable(Directive):
             group += nodes.colspec(colwidth=width)
         head = nodes.thead()
         group += head
-        labels = ["英語", "日本語"] if _lang(env.app) == "ja" else ["English", "Japanese"]
-        head += ChapterGuide._row(labels)
+        head += ChapterGuide._row(_text(env.app, "terms_head"))
         body = nodes.tbody()
         group += body
         for t in sorted(terms, key=lambda t: t["en"].lower()):
@@ -430,7 +431,7 @@ def _drop_fontawesome_js(app: Sphinx, exception) -> None:
 def _static(app: Sphinx, config) -> None:
     config.html_static_path = [*config.html_static_path, str(STATIC)]
     opts = dict(config.html_theme_options or {})
-    word = "バージョン" if _lang(app) == "ja" else "Version"
+    word = _text(app, "version")
     opts["extra_footer"] = f"{opts.get('extra_footer', '')} {word} {version()}.".strip()
     if _lang(app) == "ja":
         # What the themes and myst-nb write in English whatever the language.
